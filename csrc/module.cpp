@@ -1,0 +1,400 @@
+// Python binding of ipc.h: the module `appo_ipc`.
+//
+// Python owns shapes and dtypes; this file only moves bytes. Every object pickles as
+// (owner pid, owner fd, size) and re-attaches in the receiving process, so it can be handed to
+// processes started with the spawn method.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ipc.h"
+
+namespace py = pybind11;
+
+namespace {
+
+struct ClosedError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+py::handle queue_empty_type, queue_full_type, pickle_dumps, pickle_loads;
+
+[[noreturn]] void raise_python(py::handle type) {
+    PyErr_SetNone(type.ptr());
+    throw py::error_already_set();
+}
+
+[[noreturn]] void raise_os_error(const std::string& what) {
+    throw std::runtime_error(what + ": " + strerror(errno));
+}
+
+// Runs call(block, timeout, lock_mode) once without releasing the GIL and without waiting for
+// the lock (the common case), then, if it has to wait, in short slices with the GIL released so
+// that other threads run and Ctrl-C is noticed between slices.
+template <typename Call>
+int call_maybe_waiting(bool block, std::optional<double> timeout, int would_block, Call call) {
+    int rc = call(false, 0.0, ipc::TRY);
+    if (rc != ipc::BUSY && (rc != would_block || !block)) return rc;
+    if (!block) {
+        py::gil_scoped_release release;
+        return call(false, 0.0, ipc::WAIT);
+    }
+    const double slice = 0.25;
+    double left = timeout.value_or(-1.0);
+    for (;;) {
+        double wait = left < 0 ? slice : std::min(slice, left);
+        {
+            py::gil_scoped_release release;
+            rc = call(true, wait, ipc::WAIT);
+        }
+        if (rc != ipc::TIMEOUT) return rc;
+        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        if (left >= 0) {
+            left -= wait;
+            if (left <= 0) return ipc::TIMEOUT;
+        }
+    }
+}
+
+// The segment every object lives in, created here or attached from another process.
+struct Shared {
+    ipc::Segment segment;
+    int owner_fd = -1;
+
+    void create(size_t size, const char* name) {
+        if (ipc::segment_create(&segment, size, name) != ipc::OK)
+            raise_os_error("cannot create a shared segment of " + std::to_string(size) + " bytes");
+        owner_fd = segment.fd;
+    }
+    void attach(pid_t pid, int fd, size_t size) {
+        if (ipc::segment_attach(&segment, pid, fd, size) != ipc::OK)
+            raise_os_error("cannot attach to shared memory of process " + std::to_string(pid) +
+                           " (has the process that created it exited?)");
+        owner_fd = fd;
+    }
+    py::tuple handle() const { return py::make_tuple((int)segment.owner_pid, owner_fd, segment.size); }
+    ~Shared() { ipc::segment_detach(&segment); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// SharedBuffer: plain bytes for numpy/torch views (trajectory slots, published weights).
+
+struct SharedBuffer : Shared {};
+
+// ---------------------------------------------------------------------------------------------
+// Queue
+
+// Message encoding: a tag byte, then either int64 values (a tuple of ints: the trainer's hot
+// path, no pickle) or a pickle.
+const char TAG_INTS = 'i', TAG_PICKLE = 'p';
+const size_t MAX_FAST_INTS = 64;
+
+void encode(py::handle message, std::string& out) {
+    PyObject* obj = message.ptr();
+    if (PyTuple_CheckExact(obj) && (size_t)PyTuple_GET_SIZE(obj) <= MAX_FAST_INTS) {
+        Py_ssize_t n = PyTuple_GET_SIZE(obj);
+        int64_t values[MAX_FAST_INTS];
+        bool all_ints = true;
+        for (Py_ssize_t i = 0; i < n && all_ints; i++) {
+            PyObject* item = PyTuple_GET_ITEM(obj, i);
+            int overflow = 0;
+            all_ints = PyLong_CheckExact(item);
+            if (all_ints) values[i] = PyLong_AsLongLongAndOverflow(item, &overflow);
+            all_ints = all_ints && !overflow;
+        }
+        if (all_ints) {
+            out.push_back(TAG_INTS);
+            out.append((const char*)values, sizeof(int64_t) * n);
+            return;
+        }
+    }
+    py::bytes pickled = pickle_dumps(message, -1);
+    out.push_back(TAG_PICKLE);
+    out.append(PyBytes_AS_STRING(pickled.ptr()), PyBytes_GET_SIZE(pickled.ptr()));
+}
+
+py::object decode(const char* data, size_t size) {
+    if (size >= 1 && data[0] == TAG_INTS) {
+        size_t n = (size - 1) / sizeof(int64_t);
+        py::tuple values(n);
+        for (size_t i = 0; i < n; i++) {
+            int64_t value;
+            memcpy(&value, data + 1 + i * sizeof(int64_t), sizeof(value));
+            PyTuple_SET_ITEM(values.ptr(), i, PyLong_FromLongLong(value));
+        }
+        return std::move(values);
+    }
+    return pickle_loads(py::memoryview::from_memory(data + 1, size - 1));
+}
+
+struct Queue : Shared {
+    ipc::QueueHeader* header() const { return (ipc::QueueHeader*)segment.addr; }
+
+    void check_result(int rc, size_t message_bytes, py::handle would_block_type) const {
+        switch (rc) {
+            case ipc::OK: return;
+            case ipc::EMPTY: case ipc::FULL: case ipc::TIMEOUT: raise_python(would_block_type);
+            case ipc::CLOSED: throw ClosedError("the queue was closed");
+            case ipc::TOO_BIG:
+                throw py::value_error("message of " + std::to_string(message_bytes) +
+                                      " bytes (with its 4-byte length prefix) does not fit in the "
+                                      "queue's ring of " + std::to_string(header()->capacity) +
+                                      " bytes; create the Queue with a larger max_size_bytes");
+            default: throw std::runtime_error("queue: a system call failed");
+        }
+    }
+
+    void put_encoded(const std::string& data, const std::vector<uint32_t>& sizes, bool block,
+                     std::optional<double> timeout) {
+        int rc = call_maybe_waiting(block, timeout, ipc::FULL, [&](bool b, double t, ipc::LockMode mode) {
+            return ipc::queue_put(header(), data.data(), sizes.data(), sizes.size(), b, t, mode);
+        });
+        check_result(rc, data.size() + sizeof(uint32_t) * sizes.size(), queue_full_type);
+    }
+
+    void put(py::handle message, bool block, std::optional<double> timeout) {
+        thread_local std::string data;
+        data.clear();
+        encode(message, data);
+        put_encoded(data, {(uint32_t)data.size()}, block, timeout);
+    }
+
+    void put_many(py::iterable messages, bool block, std::optional<double> timeout) {
+        std::string data;
+        std::vector<uint32_t> sizes;
+        for (py::handle message : messages) {
+            size_t before = data.size();
+            encode(message, data);
+            sizes.push_back((uint32_t)(data.size() - before));
+        }
+        if (!sizes.empty()) put_encoded(data, sizes, block, timeout);
+    }
+
+    py::list get_many(size_t max_messages, bool block, std::optional<double> timeout) {
+        thread_local std::vector<char> buffer;
+        if (buffer.size() < header()->capacity) buffer.resize(header()->capacity);
+        size_t num = 0, bytes = 0;
+        int rc = call_maybe_waiting(block, timeout, ipc::EMPTY, [&](bool b, double t, ipc::LockMode mode) {
+            return ipc::queue_get(header(), buffer.data(), buffer.size(), max_messages, b, t, mode,
+                                  &num, &bytes);
+        });
+        check_result(rc, 0, queue_empty_type);
+        py::list messages(num);
+        size_t offset = 0;
+        for (size_t i = 0; i < num; i++) {
+            uint32_t size;
+            memcpy(&size, buffer.data() + offset, sizeof(size));
+            messages[i] = decode(buffer.data() + offset + sizeof(size), size);
+            offset += sizeof(size) + size;
+        }
+        return messages;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// SlotControl
+
+struct SlotControl : Shared {
+    ipc::SlotsHeader* header() const { return (ipc::SlotsHeader*)segment.addr; }
+
+    void check_slot(int32_t slot) const {
+        if (slot < 0 || (uint32_t)slot >= header()->num_slots)
+            throw py::index_error("slot " + std::to_string(slot) + " out of range [0, " +
+                                  std::to_string(header()->num_slots) + ")");
+    }
+    void check_split(uint32_t worker, uint32_t split) const {
+        if (worker >= header()->num_workers || split >= header()->num_splits)
+            throw py::index_error("(worker " + std::to_string(worker) + ", split " +
+                                  std::to_string(split) + ") out of range");
+    }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(appo_ipc, m) {
+    m.doc() = "Shared-memory IPC for the APPO trainer: a message queue, shared buffers and "
+              "trajectory-slot control, all in memfd segments that vanish with their last user.";
+    py::module_ queue_module = py::module_::import("queue");
+    py::module_ pickle_module = py::module_::import("pickle");
+    queue_empty_type = py::object(queue_module.attr("Empty")).release();
+    queue_full_type = py::object(queue_module.attr("Full")).release();
+    pickle_dumps = py::object(pickle_module.attr("dumps")).release();
+    pickle_loads = py::object(pickle_module.attr("loads")).release();
+    py::register_exception<ClosedError>(m, "Closed", PyExc_RuntimeError);
+
+    py::class_<SharedBuffer>(m, "SharedBuffer", py::buffer_protocol(),
+                             "Bytes in shared memory; wrap with numpy.frombuffer for views.")
+        .def(py::init([](size_t size) {
+                 auto buffer = std::make_unique<SharedBuffer>();
+                 buffer->create(size == 0 ? 1 : size, "appo-buffer");
+                 return buffer;
+             }),
+             py::arg("size"))
+        .def_property_readonly("size", [](const SharedBuffer& b) { return b.segment.size; })
+        .def_buffer([](SharedBuffer& b) {
+            return py::buffer_info(b.segment.addr, 1, py::format_descriptor<uint8_t>::format(), 1,
+                                   {b.segment.size}, {1});
+        })
+        .def(py::pickle([](const SharedBuffer& b) { return b.handle(); },
+                        [](py::tuple h) {
+                            auto buffer = std::make_unique<SharedBuffer>();
+                            buffer->attach(h[0].cast<int>(), h[1].cast<int>(), h[2].cast<size_t>());
+                            return buffer;
+                        }));
+
+    py::class_<Queue>(m, "Queue", "Multi-producer, multi-consumer FIFO in a shared-memory ring.")
+        .def(py::init([](size_t max_size_bytes) {
+                 if (max_size_bytes < 64) throw py::value_error("max_size_bytes must be >= 64");
+                 auto q = std::make_unique<Queue>();
+                 q->create(ipc::queue_segment_size(max_size_bytes), "appo-queue");
+                 if (ipc::queue_init(q->segment.addr, max_size_bytes) != ipc::OK)
+                     throw std::runtime_error("cannot initialise the queue's mutex");
+                 return q;
+             }),
+             py::arg("max_size_bytes") = 1 << 20)
+        .def("put", &Queue::put, py::arg("message"), py::arg("block") = true,
+             py::arg("timeout") = py::none(),
+             "Puts one message; raises queue.Full when it cannot within the timeout.")
+        .def("put_nowait", [](Queue& q, py::handle message) { q.put(message, false, {}); })
+        .def("put_many", &Queue::put_many, py::arg("messages"), py::arg("block") = true,
+             py::arg("timeout") = py::none(), "Puts all messages atomically, or none.")
+        .def("get",
+             [](Queue& q, bool block, std::optional<double> timeout) {
+                 return py::object(q.get_many(1, block, timeout)[0]);
+             },
+             py::arg("block") = true, py::arg("timeout") = py::none(),
+             "Takes one message; raises queue.Empty when none comes within the timeout.")
+        .def("get_nowait", [](Queue& q) { return py::object(q.get_many(1, false, {})[0]); })
+        .def("get_many", &Queue::get_many, py::arg("max_messages") = 1 << 30,
+             py::arg("block") = true, py::arg("timeout") = py::none(),
+             "Takes every waiting message up to max_messages (at least one) as a list.")
+        .def("qsize", [](const Queue& q) { return q.header()->state.count; })
+        .def("empty", [](const Queue& q) { return q.header()->state.count == 0; })
+        .def("close", [](Queue& q) { ipc::queue_close(q.header()); },
+             "Wakes every waiter; every later call raises appo_ipc.Closed.")
+        .def_property_readonly("closed", [](const Queue& q) { return q.header()->closed != 0; })
+        .def_property_readonly("max_size_bytes", [](const Queue& q) { return q.header()->capacity; })
+        .def_property_readonly("recoveries", [](const Queue& q) { return q.header()->recoveries; },
+                               "How often a process died holding the lock and the ring was repaired.")
+        .def("_hold_lock_forever",
+             [](Queue& q) {
+                 py::gil_scoped_release release;
+                 pthread_mutex_lock(&q.header()->mutex);
+                 for (;;) pause();
+             },
+             "Test hook: takes the lock and never lets go, so a test can kill the holder.")
+        .def(py::pickle([](const Queue& q) { return q.handle(); },
+                        [](py::tuple h) {
+                            auto q = std::make_unique<Queue>();
+                            q->attach(h[0].cast<int>(), h[1].cast<int>(), h[2].cast<size_t>());
+                            return q;
+                        }));
+
+    py::class_<SlotControl>(m, "SlotControl",
+                            "Free list and owners of trajectory slots, and per-(worker, split) "
+                            "counters of requests still waiting for actions.")
+        .def(py::init([](uint32_t num_slots, uint32_t num_workers, uint32_t num_splits) {
+                 if (num_slots == 0 || num_workers == 0 || num_splits == 0)
+                     throw py::value_error("num_slots, num_workers and num_splits must be > 0");
+                 auto s = std::make_unique<SlotControl>();
+                 s->create(ipc::slots_segment_size(num_slots, num_workers, num_splits), "appo-slots");
+                 if (ipc::slots_init(s->segment.addr, num_slots, num_workers, num_splits) != ipc::OK)
+                     throw std::runtime_error("cannot initialise the slots' mutex");
+                 return s;
+             }),
+             py::arg("num_slots"), py::arg("num_workers"), py::arg("num_splits"))
+        .def("acquire",
+             [](SlotControl& s, int32_t owner, bool block,
+                std::optional<double> timeout) -> std::optional<int32_t> {
+                 int32_t slot = -1;
+                 if (owner == ipc::FREE) throw py::value_error("owner -1 means free; use >= 0");
+                 int rc = call_maybe_waiting(block, timeout, ipc::EMPTY, [&](bool b, double t, ipc::LockMode mode) {
+                     return ipc::slots_acquire(s.header(), owner, b, t, mode, &slot);
+                 });
+                 if (rc == ipc::CLOSED) throw ClosedError("the slots were closed");
+                 if (rc != ipc::OK) return std::nullopt;
+                 return slot;
+             },
+             py::arg("owner"), py::arg("block") = true, py::arg("timeout") = py::none(),
+             "Takes a free slot for `owner`; None when none frees up within the timeout.")
+        .def("release",
+             [](SlotControl& s, const std::vector<int32_t>& slots) {
+                 int rc = ipc::slots_release(s.header(), slots.data(), slots.size());
+                 if (rc == ipc::TOO_BIG) throw py::index_error("slot index out of range");
+                 if (rc == ipc::FULL) throw py::value_error("a slot was released twice");
+                 if (rc != ipc::OK) throw std::runtime_error("slots: a system call failed");
+             },
+             py::arg("slots"), "Returns slots to the free list.")
+        .def("set_owner",
+             [](SlotControl& s, int32_t slot, int32_t owner) {
+                 s.check_slot(slot);
+                 ipc::slots_set_owner(s.header(), slot, owner);
+             },
+             py::arg("slot"), py::arg("owner"))
+        .def("owner",
+             [](SlotControl& s, int32_t slot) {
+                 s.check_slot(slot);
+                 return ipc::slots_owner(s.header(), slot);
+             },
+             py::arg("slot"))
+        .def("reclaim", [](SlotControl& s, int32_t owner) { return ipc::slots_reclaim(s.header(), owner); },
+             py::arg("owner"), "Frees every slot `owner` holds (its process died); returns how many.")
+        .def_property_readonly("free_count", [](SlotControl& s) { return ipc::slots_free_count(s.header()); })
+        .def_property_readonly("num_slots", [](SlotControl& s) { return s.header()->num_slots; })
+        .def_property_readonly("recoveries", [](SlotControl& s) { return s.header()->recoveries; })
+        .def("close", [](SlotControl& s) { ipc::slots_close(s.header()); })
+        .def("set_pending",
+             [](SlotControl& s, uint32_t worker, uint32_t split, int32_t num_requests) {
+                 s.check_split(worker, split);
+                 ipc::split_set_pending(s.header(), worker, split, num_requests);
+             },
+             py::arg("worker"), py::arg("split"), py::arg("num_requests"),
+             "Rollout worker: this many requests of the split now wait for actions.")
+        .def("complete",
+             [](SlotControl& s, uint32_t worker, uint32_t split, int32_t num_done) {
+                 s.check_split(worker, split);
+                 ipc::split_complete(s.header(), worker, split, num_done);
+             },
+             py::arg("worker"), py::arg("split"), py::arg("num_done") = 1,
+             "Policy worker: this many requests of the split have their actions.")
+        .def("pending",
+             [](SlotControl& s, uint32_t worker, uint32_t split) {
+                 s.check_split(worker, split);
+                 return ipc::split_pending(s.header(), worker, split);
+             },
+             py::arg("worker"), py::arg("split"))
+        .def("wait_any",
+             [](SlotControl& s, uint32_t worker, std::optional<double> timeout) -> std::optional<int32_t> {
+                 s.check_split(worker, 0);
+                 int32_t split = -1;
+                 call_maybe_waiting(true, timeout, ipc::TIMEOUT, [&](bool b, double t, ipc::LockMode) {
+                     split = ipc::split_wait_any(s.header(), worker, b ? t : 0.0);
+                     return split >= 0 || s.header()->closed ? ipc::OK : ipc::TIMEOUT;
+                 });
+                 if (split < 0) return std::nullopt;
+                 return split;
+             },
+             py::arg("worker"), py::arg("timeout") = py::none(),
+             "Rollout worker: a split whose actions all arrived (now marked idle), or None on "
+             "timeout or close. Costs no system call when one is already ready.")
+        .def("_hold_lock_forever",
+             [](SlotControl& s) {
+                 py::gil_scoped_release release;
+                 pthread_mutex_lock(&s.header()->mutex);
+                 for (;;) pause();
+             },
+             "Test hook: takes the lock and never lets go, so a test can kill the holder.")
+        .def(py::pickle([](const SlotControl& s) { return s.handle(); },
+                        [](py::tuple h) {
+                            auto s = std::make_unique<SlotControl>();
+                            s->attach(h[0].cast<int>(), h[1].cast<int>(), h[2].cast<size_t>());
+                            return s;
+                        }));
+}

@@ -1,0 +1,34 @@
+"""Builds the appo_ipc extension from csrc/ with pybind11's own helpers (no CMake, no torch)."""
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+ipc_extension = Pybind11Extension(
+    "appo_ipc",
+    sources=["csrc/ipc.cpp", "csrc/module.cpp"],
+    depends=["csrc/ipc.h"],
+    cxx_std=17,
+    extra_compile_args=["-O2"],
+)
+
+setup(
+    name="appo",
+    version="0.1.0",
+    description="Asynchronous PPO with V-trace (the Sample Factory architecture) in one readable file",
+    py_modules=["appo", "env"],
+    ext_modules=[ipc_extension],
+    cmdclass={"build_ext": build_ext},
+    python_requires=">=3.10",
+    install_requires=[
+        "torch>=2.1",
+        "numpy>=1.24",
+        "gymnasium>=1.0",
+        "opencv-python-headless>=4.8",
+        "tensorboard>=2.14",
+    ],
+    extras_require={
+        "doom": ["vizdoom>=1.2.3"],
+        "atari": ["ale-py>=0.9"],
+        "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2"],
+        "bench": ["faster-fifo", "matplotlib"],
+    },
+)

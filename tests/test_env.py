@@ -1,0 +1,463 @@
+"""env.py against real VizDoom and ALE games; DeepMind Lab against tests/fake_deepmind_lab.py
+(deepmind_lab cannot be installed on this machine, see that file)."""
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import env as envs
+from env import create_env, env_defaults, env_error, get_num_agents, register_env
+
+
+def flags(**values) -> argparse.Namespace:
+    """A stand-in for appo.py's parsed flags."""
+    return argparse.Namespace(**values)
+
+
+def assert_matches_space(obs, space):
+    """The observation is exactly what the space promises: shape, dtype, contiguous memory."""
+    if isinstance(space, gym.spaces.Dict):
+        assert set(obs) == set(space.spaces)
+        for key, subspace in space.spaces.items():
+            assert_matches_space(obs[key], subspace)
+        return
+    assert isinstance(obs, np.ndarray)
+    assert obs.shape == space.shape and obs.dtype == space.dtype
+    assert obs.flags.c_contiguous
+    assert space.contains(obs)
+
+
+# ------------------------------------------------------------------------------------------------
+# VizDoom
+# ------------------------------------------------------------------------------------------------
+
+
+def vizdoom_processes() -> dict[int, str]:
+    """pid -> VizDoom instance id, for each vizdoom process that this test process started."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        parent_pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent_pid == os.getpid() and b"+viz_instance_id" in args:
+            found[int(entry)] = args[args.index(b"+viz_instance_id") + 1].decode()
+    return found
+
+
+@pytest.fixture
+def make_doom(tmp_path, monkeypatch):
+    """Creates Doom envs; afterwards closes them (twice: close is idempotent) and checks that
+    their vizdoom processes and /dev/shm entries are gone."""
+    monkeypatch.chdir(tmp_path)  # VizDoom leaves a _vizdoom/ folder in the working directory
+    created = []  # (env, {pid: instance id})
+
+    def make(name, render_mode=None, env_index=0, **flag_values):
+        before = vizdoom_processes()
+        env = create_env(name, flags(**flag_values), env_index=env_index, render_mode=render_mode)
+        started = {pid: iid for pid, iid in vizdoom_processes().items() if pid not in before}
+        assert len(started) == 1, "each Doom env runs one vizdoom process"
+        created.append((env, started))
+        return env
+
+    yield make
+
+    for env, started in created:
+        env.close()
+        env.close()
+        for pid, instance_id in started.items():
+            assert not os.path.exists(f"/proc/{pid}"), f"vizdoom process {pid} still exists after close()"
+            leftovers = [name for name in os.listdir("/dev/shm") if instance_id in name]
+            assert not leftovers, f"/dev/shm entries left by vizdoom: {leftovers}"
+
+
+# Sample Factory's action spaces (sf_examples/vizdoom/doom/doom_utils.py); take_cover is ours.
+DOOM_ACTION_SPACES = {
+    "doom_basic": gym.spaces.Discrete(4),
+    "doom_defend_the_center": gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Discrete(2)]),
+    "doom_defend_the_line": gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Discrete(2)]),
+    "doom_health_gathering": gym.spaces.Discrete(5),
+    "doom_health_gathering_supreme": gym.spaces.Discrete(5),
+    "doom_my_way_home": gym.spaces.Tuple([gym.spaces.Discrete(3), gym.spaces.Discrete(3)]),
+    "doom_deadly_corridor": gym.spaces.Tuple([gym.spaces.Discrete(n) for n in (3, 3, 3, 2)]),
+    "doom_take_cover": gym.spaces.Discrete(3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DOOM_ACTION_SPACES))
+def test_doom_spaces_and_observations(make_doom, name):
+    env = make_doom(name)
+    assert env.action_space == DOOM_ACTION_SPACES[name]
+    assert env.observation_space == gym.spaces.Box(0, 255, (3, 72, 128), np.uint8)
+    assert get_num_agents(env) == 1
+
+    obs, _ = env.reset(seed=1)
+    assert_matches_space(obs, env.observation_space)
+    env.action_space.seed(1)
+    for _ in range(5):
+        obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        assert_matches_space(obs, env.observation_space)
+        assert isinstance(reward, float)
+
+
+def test_doom_buttons_follow_the_action_table(make_doom):
+    env = make_doom("doom_deadly_corridor")
+    game = env.unwrapped.game
+    names = [button.name for button in game.get_available_buttons()]
+    assert names == ["TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD", "MOVE_BACKWARD", "MOVE_LEFT", "MOVE_RIGHT", "ATTACK"]
+    # (turn right, backward, no strafe, attack)
+    assert env.unwrapped._buttons_for((2, 2, 0, 1)) == [0, 1, 0, 1, 0, 0, 1]
+
+
+@pytest.mark.parametrize("frameskip", [4, 2])
+def test_doom_frameskip_advances_the_game_by_frameskip_tics(make_doom, frameskip):
+    env = make_doom("doom_health_gathering", env_frameskip=frameskip)
+    game = env.unwrapped.game
+    env.reset(seed=0)
+    for _ in range(10):
+        tic_before = game.get_episode_time()
+        env.step(1)  # turn left: health gathering lasts far longer than 10 steps
+        assert game.get_episode_time() - tic_before == frameskip
+
+
+def test_doom_basic_reward_scale_and_true_return(make_doom):
+    env = make_doom("doom_basic", seed=0)
+    game = env.unwrapped.game
+    env.reset()
+    env.action_space.seed(0)
+    training_rewards, infos = [], []
+    while True:
+        _, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        training_rewards.append(reward)
+        infos.append(info)
+        if terminated or truncated:
+            break
+
+    unscaled_score = game.get_total_reward()  # VizDoom's own sum of the raw rewards
+    assert unscaled_score != 0
+    assert sum(training_rewards) * 100 == pytest.approx(unscaled_score)
+    assert all(abs(r) < 2 for r in training_rewards)  # raw basic rewards reach 100
+    assert all("true_return" not in info for info in infos[:-1])
+    assert infos[-1]["true_return"] == pytest.approx(unscaled_score)
+    assert infos[-1]["true_length"] == 4 * len(training_rewards)
+
+
+def test_doom_seed_from_flags_and_reset(make_doom):
+    # cfg.seed + env_index seeds the first reset; basic places its monster at random
+    from_flags, _ = make_doom("doom_basic", seed=5, env_index=2).reset()
+    from_reset, _ = make_doom("doom_basic").reset(seed=7)
+    other_seed, _ = make_doom("doom_basic").reset(seed=8)
+    assert np.array_equal(from_flags, from_reset)
+    assert not np.array_equal(from_flags, other_seed)
+
+
+def test_doom_game_variables_and_render(make_doom):
+    env = make_doom("doom_health_gathering", render_mode="rgb_array", doom_game_variables=True)
+    assert set(env.observation_space.spaces) == {"obs", "measurements"}
+    assert env.observation_space["measurements"].shape == (1,)
+    obs, _ = env.reset(seed=0)
+    assert_matches_space(obs, env.observation_space)
+    import vizdoom
+
+    game = env.unwrapped.game
+    health_at_start = obs["measurements"][0]
+    assert health_at_start == pytest.approx(game.get_game_variable(vizdoom.GameVariable.HEALTH) / 100)
+    assert 0.5 < health_at_start <= 1.0
+    for _ in range(30):
+        obs, *_ = env.step(0)
+    assert obs["measurements"][0] < health_at_start  # the acid floor hurts
+    frame = env.render()
+    assert frame.shape == (120, 160, 3) and frame.dtype == np.uint8  # full resolution, for videos
+
+
+def test_doom_scenarios_dir(make_doom, tmp_path):
+    import vizdoom
+
+    scenarios = tmp_path / "maps"
+    scenarios.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"basic\.cfg.*--doom_scenarios_dir"):
+        create_env("doom_basic", flags(doom_scenarios_dir=str(scenarios)))
+
+    shutil.copy(os.path.join(vizdoom.scenarios_path, "basic.cfg"), scenarios)
+    with pytest.raises(FileNotFoundError, match=r"basic\.wad.*--doom_scenarios_dir"):
+        create_env("doom_basic", flags(doom_scenarios_dir=str(scenarios)))
+
+    shutil.copy(os.path.join(vizdoom.scenarios_path, "basic.wad"), scenarios)
+    env = make_doom("doom_basic", doom_scenarios_dir=str(scenarios))
+    assert env.unwrapped.game.get_doom_scenario_path() == str(scenarios / "basic.wad")
+
+
+# ------------------------------------------------------------------------------------------------
+# Atari
+# ------------------------------------------------------------------------------------------------
+
+
+def test_atari_observations_and_frame_stack():
+    env = create_env("atari_breakout", flags(seed=0))
+    try:
+        assert env.observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        assert env.action_space == gym.spaces.Discrete(4)
+        obs, _ = env.reset()
+        assert_matches_space(obs, env.observation_space)
+        assert all(np.array_equal(obs[0], frame) for frame in obs[1:])  # a new episode repeats its first frame
+
+        env.action_space.seed(0)
+        for _ in range(8):
+            obs, *_ = env.step(env.action_space.sample())
+        assert_matches_space(obs, env.observation_space)
+        assert not np.array_equal(obs[-1], obs[0])  # the ball moves
+    finally:
+        env.close()
+
+
+def test_atari_whole_game_stats_across_lives():
+    """Space Invaders: 3 lives, invaders worth 5 to 30 points each."""
+    env = create_env("atari_space_invaders", flags(seed=1))
+    try:
+        env.reset()
+        assert env.unwrapped.ale.lives() == 3
+        env.action_space.seed(1)
+        training_episodes, clipped_sum = 0, 0.0
+        for _ in range(20_000):
+            _, reward, terminated, truncated, info = env.step(env.action_space.sample())
+            assert reward in (-1.0, 0.0, 1.0)
+            clipped_sum += reward
+            if terminated or truncated:
+                training_episodes += 1
+                if "true_return" in info:
+                    break
+                assert env.unwrapped.ale.lives() == 3 - training_episodes  # ended by a lost life
+                env.reset()  # continues the same game
+            else:
+                assert "true_return" not in info
+        else:
+            pytest.fail("the game did not end")
+
+        assert training_episodes == 3  # one training episode per life, one report per game
+        assert clipped_sum > 0
+        assert info["true_return"] >= 5 * clipped_sum  # unclipped points, summed over all lives
+        assert info["true_return"] % 5 == 0
+        assert info["true_length"] == info["episode_frame_number"]  # ALE's own frame count of the game
+    finally:
+        env.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Names, errors, defaults, registration
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_deepmind_lab(monkeypatch):
+    monkeypatch.delitem(sys.modules, "deepmind_lab", raising=False)
+    if importlib.util.find_spec("deepmind_lab") is not None:
+        pytest.skip("deepmind_lab is installed here")
+
+
+def test_env_error_messages(no_deepmind_lab):
+    assert env_error("doom_basic") is None
+    assert env_error("atari_breakout") is None
+
+    unknown = env_error("doom_foo")
+    assert "unknown env 'doom_foo'" in unknown and "doom_basic" in unknown and "atari_<game>" in unknown
+    with pytest.raises(ValueError, match="unknown env"):
+        create_env("doom_foo")
+
+    unknown_game = env_error("atari_notagame")
+    assert "notagame" in unknown_game and "atari_breakout" in unknown_game
+    with pytest.raises(ValueError, match="notagame"):
+        create_env("atari_notagame")
+
+    for name in ("dmlab_30", "dmlab_rooms_watermaze"):
+        install_line = env_error(name)
+        assert "deepmind_lab" in install_line and "github.com/google-deepmind/lab" in install_line
+        assert "bazel" in install_line.lower() and "\n" not in install_line
+        with pytest.raises(ImportError) as raised:
+            create_env(name)
+        assert str(raised.value) == install_line
+
+
+def test_env_error_names_missing_package(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ale_py" else real_find_spec(name, *a)
+    )
+    monkeypatch.delitem(sys.modules, "ale_py", raising=False)
+    assert env_error("atari_breakout") == "--env atari_breakout needs ale-py: pip install ale-py"
+
+
+def test_env_defaults():
+    expected = {"env_frameskip": 4, "gamma": 0.99}
+    assert env_defaults("doom_basic") == expected
+    assert env_defaults("atari_pong") == expected
+    assert env_defaults("dmlab_30") == expected
+    assert env_defaults("no_such_env") == {}
+    assert env_defaults("atari_notagame") == {}
+
+
+def test_register_env(monkeypatch, no_deepmind_lab):
+    monkeypatch.setattr(envs, "_REGISTERED_ENVS", {})
+    calls = []
+
+    def factory(cfg, env_index, render_mode):
+        calls.append((cfg, env_index, render_mode))
+        return gym.make("CartPole-v1")
+
+    # a registered name wins over the dmlab_ prefix (whose package is missing here)
+    register_env("dmlab_my_level", factory)
+    assert env_error("dmlab_my_level") is None
+    cfg = flags(seed=1)
+    env = create_env("dmlab_my_level", cfg, env_index=3, render_mode="rgb_array")
+    assert calls == [(cfg, 3, "rgb_array")]
+    assert get_num_agents(env) == 1
+    assert env_defaults("dmlab_my_level") == {}
+    assert "dmlab_my_level" in env_error("nope")
+    env.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# DeepMind Lab (against the stand-in)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_lab(monkeypatch):
+    """Puts tests/fake_deepmind_lab.py into sys.modules as `deepmind_lab`; returns its Lab class."""
+    spec = importlib.util.spec_from_file_location("deepmind_lab", Path(__file__).with_name("fake_deepmind_lab.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "deepmind_lab", module)
+    return module.Lab
+
+
+# The IMPALA action set: (look left/right, look down/up, strafe, back/forward, fire, jump, crouch)
+IMPALA_ACTIONS = [
+    [0, 0, 0, 1, 0, 0, 0],  # forward
+    [0, 0, 0, -1, 0, 0, 0],  # backward
+    [0, 0, -1, 0, 0, 0, 0],  # strafe left
+    [0, 0, 1, 0, 0, 0, 0],  # strafe right
+    [-20, 0, 0, 0, 0, 0, 0],  # look left
+    [20, 0, 0, 0, 0, 0, 0],  # look right
+    [-20, 0, 0, 1, 0, 0, 0],  # look left + forward
+    [20, 0, 0, 1, 0, 0, 0],  # look right + forward
+    [0, 0, 0, 0, 1, 0, 0],  # fire
+]
+
+
+def test_dmlab_observations_frameskip_and_actions(fake_lab):
+    assert env_error("dmlab_rooms_watermaze") is None
+    env = create_env("dmlab_rooms_watermaze")
+    lab = fake_lab.created[-1]
+    assert lab.level == "contributed/dmlab30/rooms_watermaze"
+    assert (lab.width, lab.height) == (96, 72)
+    assert env.observation_space == gym.spaces.Box(0, 255, (3, 72, 96), np.uint8)
+    assert env.action_space == gym.spaces.Discrete(9)
+    assert get_num_agents(env) == 1
+
+    obs, _ = env.reset()
+    assert_matches_space(obs, env.observation_space)
+    for action in range(9):
+        obs, *_ = env.step(action)
+        assert_matches_space(obs, env.observation_space)
+    assert [list(sent) for sent, _ in lab.step_calls] == IMPALA_ACTIONS
+    assert all(num_steps == 4 for _, num_steps in lab.step_calls)
+    assert obs[0, 0, 0] == 9 * 4  # the stand-in paints the number of frames played
+    env.close()
+    assert lab.closed
+
+
+def test_dmlab_frameskip_flag_and_plain_level_names(fake_lab):
+    env = create_env("dmlab_nav_maze_static_01", flags(env_frameskip=2))
+    lab = fake_lab.created[-1]
+    assert lab.level == "nav_maze_static_01"  # not a DMLab-30 level: passed on as given
+    env.reset()
+    env.step(0)
+    assert lab.step_calls[-1][1] == 2
+
+
+def test_dmlab_episode_end_and_true_return(fake_lab):
+    env = create_env("dmlab_rooms_watermaze")
+    env.reset()
+    infos = []
+    for _ in range(100):
+        obs, reward, terminated, truncated, info = env.step(0)  # forward: 1 per frame in the stand-in
+        assert reward == 4.0
+        infos.append(info)
+        if terminated or truncated:
+            break
+    assert terminated and not truncated
+    assert len(infos) == 10  # the stand-in's 40-frame episode at frameskip 4
+    assert_matches_space(obs, env.observation_space)
+    assert all("true_return" not in info for info in infos[:-1])
+    assert infos[-1]["true_return"] == 40.0 and infos[-1]["true_length"] == 40
+    assert "level_name" not in infos[-1]
+
+    env.reset()  # a new episode starts
+    _, _, terminated, _, info = env.step(8)
+    assert not terminated and "true_return" not in info
+
+
+@pytest.mark.parametrize("env_index", [0, 1, 29, 30, 61])
+def test_dmlab30_spreads_levels_over_envs(fake_lab, env_index):
+    level = envs.DMLAB30_LEVELS[env_index % 30]
+    env = create_env("dmlab_30", env_index=env_index)
+    assert fake_lab.created[-1].level == "contributed/dmlab30/" + level
+    env.reset()
+    terminated = False
+    while not terminated:
+        _, _, terminated, _, info = env.step(1)
+    assert info["level_name"] == level
+    assert info["true_return"] == 0.0
+
+
+def test_dmlab30_level_list():
+    levels = envs.DMLAB30_LEVELS
+    assert len(levels) == len(set(levels)) == 30
+    assert "rooms_collect_good_objects_train" in levels  # training names, not the held-out *_test ones
+    assert "rooms_exploit_deferred_effects_train" in levels
+    assert not any(level.endswith("_test") for level in levels)
+
+
+def test_dmlab_level_cache(fake_lab, tmp_path):
+    cache_dir = tmp_path / "level_cache"
+    create_env("dmlab_rooms_watermaze", flags(dmlab_level_cache_dir=str(cache_dir)))
+    assert fake_lab.created[-1].level_cache_hit is False  # compiled, then written to the cache
+    assert [path.name for path in cache_dir.iterdir()] == ["contributed_dmlab30_rooms_watermaze.pk3"]
+    create_env("dmlab_rooms_watermaze", flags(dmlab_level_cache_dir=str(cache_dir)))
+    assert fake_lab.created[-1].level_cache_hit is True
+
+
+def test_dmlab_seeds(fake_lab):
+    def lab_seeds(cfg, env_index):
+        env = create_env("dmlab_30", cfg, env_index=env_index)
+        env.reset()
+        env.reset()
+        return fake_lab.created[-1].reset_seeds
+
+    assert lab_seeds(flags(seed=3), 1) == lab_seeds(flags(seed=2), 2)  # seed + env_index
+    assert lab_seeds(flags(seed=3), 1) != lab_seeds(flags(seed=3), 2)
+    assert len(set(lab_seeds(flags(seed=3), 1))) == 2  # each episode gets its own seed
+
+
+def test_dmlab30_human_normalized_score():
+    returns = {level: random for level, (human, random) in envs.DMLAB30_SCORES.items()}  # 0 each
+    returns["rooms_watermaze"] = 54.0  # human score: 100
+    returns["lasertag_one_opponent_small"] = 100.0  # far above human: capped at 100
+    returns["explore_goal_locations_small"] = (267.5 + 7.66) / 2  # halfway: 50
+    returns["rooms_collect_good_objects_train"] = 0.073 + 0.25 * (10 - 0.073)  # scored as its _test twin: 25
+    returns["not_a_dmlab30_level"] = 1e6  # ignored
+    assert envs.dmlab30_human_normalized_score(returns) == pytest.approx((100 + 100 + 50 + 25) / 30)
+
+    del returns["rooms_watermaze"]
+    with pytest.raises(ValueError, match="rooms_watermaze"):
+        envs.dmlab30_human_normalized_score(returns)

@@ -1,0 +1,355 @@
+"""The shared-memory core (csrc/): queue, shared buffers and slot control, across real processes
+started with the spawn method."""
+import os
+import pickle
+import queue
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import appo_ipc
+
+
+# ---------------------------------------------------------------------------------------------
+# Process bodies (module level so that spawn can import them)
+
+def produce(q, producer_id, num_messages, batch):
+    for start in range(0, num_messages, batch):
+        q.put_many([(producer_id, seq, seq * 7 + producer_id) for seq in range(start, min(start + batch, num_messages))])
+
+
+def drain_until_closed(q, results):
+    received = []
+    while True:
+        try:
+            received.extend(q.get_many(max_messages=1000, timeout=0.2))
+        except queue.Empty:
+            continue
+        except appo_ipc.Closed:
+            break
+    results.put(pickle.dumps(received))
+
+
+def hold_lock_forever(shared_object, ready):
+    ready.set()
+    shared_object._hold_lock_forever()
+
+
+def produce_checked_forever(q, producer_id):
+    seq = 0
+    while True:
+        q.put((producer_id, seq, (producer_id * 1_000_003 + seq * 7919) % 2_147_483_647))
+        seq += 1
+
+
+def write_buffer(buffer, value):
+    np.frombuffer(buffer, dtype=np.float32)[:] = value
+
+
+def acquire_slots_and_die(slots, owner, count, done):
+    for _ in range(count):
+        slots.acquire(owner)
+    done.set()
+    time.sleep(60)
+
+
+def answer_split(slots, worker, split, num_requests):
+    for _ in range(num_requests):
+        time.sleep(0.01)
+        slots.complete(worker, split, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Queue
+
+def test_put_get_round_trip_of_int_tuples_and_pickled_objects():
+    q = appo_ipc.Queue()
+    messages = [(1, 2, 3), (), (-5, 2**62), {"slot": 3}, "text", (1, "mixed"), (2**70,), [1, 2]]
+    for message in messages:
+        q.put(message)
+    assert q.qsize() == len(messages)
+    assert q.get_many() == messages
+    assert q.empty()
+
+
+def test_get_many_respects_max_messages():
+    q = appo_ipc.Queue()
+    q.put_many([(i,) for i in range(10)])
+    assert q.get_many(max_messages=3) == [(0,), (1,), (2,)]
+    assert q.get_many(max_messages=100) == [(i,) for i in range(3, 10)]
+
+
+def test_every_message_arrives_exactly_once_in_producer_order(spawn):
+    num_producers, num_consumers, per_producer = 8, 2, 12_500  # 100k messages
+    q = appo_ipc.Queue(max_size_bytes=64 * 1024)  # small ring: producers really block on full
+    results = spawn.Queue()
+    consumers = [spawn.Process(target=drain_until_closed, args=(q, results)) for _ in range(num_consumers)]
+    producers = [spawn.Process(target=produce, args=(q, p, per_producer, 50)) for p in range(num_producers)]
+    for process in consumers + producers:
+        process.start()
+    for process in producers:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    deadline = time.monotonic() + 60
+    while q.qsize() > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    q.close()
+    received = [pickle.loads(results.get(timeout=60)) for _ in range(num_consumers)]
+    for process in consumers:
+        process.join(timeout=30)
+    all_messages = [m for part in received for m in part]
+    assert len(all_messages) == num_producers * per_producer
+    assert len(set(all_messages)) == len(all_messages)
+    assert all(check == seq * 7 + producer for producer, seq, check in all_messages)
+    for part in received:  # within each consumer, each producer's messages keep their order
+        for producer in range(num_producers):
+            seqs = [seq for p, seq, _ in part if p == producer]
+            assert seqs == sorted(seqs)
+
+
+def test_get_times_out_with_empty_and_put_with_full():
+    q = appo_ipc.Queue(max_size_bytes=64)
+    start = time.monotonic()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.3)
+    assert time.monotonic() - start >= 0.29
+    with pytest.raises(queue.Empty):
+        q.get(block=False)
+    q.put((1, 2, 3))  # 4 + 1 + 24 = 29 bytes
+    q.put((1, 2, 3))
+    with pytest.raises(queue.Full):
+        q.put((1, 2, 3), timeout=0.2)
+    with pytest.raises(queue.Full):
+        q.put_nowait((1,))
+    assert q.get() == (1, 2, 3)
+
+
+def test_put_many_is_all_or_nothing():
+    q = appo_ipc.Queue(max_size_bytes=100)
+    q.put((1, 2, 3))  # 4 + 1 + 24 = 29 bytes
+    with pytest.raises(queue.Full):
+        q.put_many([(i, i) for i in range(4)], block=False)  # 4 x 21 = 84 > 71 bytes left
+    assert q.get_many() == [(1, 2, 3)]
+    q.put_many([(i, i) for i in range(4)], block=False)
+    assert q.qsize() == 4
+
+
+def test_close_wakes_a_blocked_getter_and_later_calls_raise():
+    q = appo_ipc.Queue()
+    outcome = []
+
+    def blocked_get():
+        try:
+            q.get()  # timeout=None: blocks until something happens
+        except appo_ipc.Closed as error:
+            outcome.append(error)
+
+    getter = threading.Thread(target=blocked_get)
+    getter.start()
+    time.sleep(0.2)
+    assert getter.is_alive()  # it really blocks, and releases the GIL while it does
+    q.close()
+    getter.join(timeout=5)
+    assert not getter.is_alive() and len(outcome) == 1
+    assert q.closed
+    with pytest.raises(appo_ipc.Closed):
+        q.put((1,))
+    with pytest.raises(appo_ipc.Closed):
+        q.get_many(block=False)
+
+
+def test_close_wakes_a_getter_in_another_process(spawn):
+    q = appo_ipc.Queue()
+    results = spawn.Queue()
+    process = spawn.Process(target=drain_until_closed, args=(q, results))
+    process.start()
+    q.put((7,))
+    time.sleep(0.5)
+    q.close()
+    assert pickle.loads(results.get(timeout=20)) == [(7,)]
+    process.join(timeout=10)
+    assert process.exitcode == 0
+
+
+def test_oversize_message_raises_at_once_naming_both_sizes():
+    q = appo_ipc.Queue(max_size_bytes=1000)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"message of \d+ bytes .* ring of 1000 bytes"):
+        q.put(b"x" * 5000)  # block=True, timeout=None: must not hang
+    with pytest.raises(ValueError, match="1000 bytes"):
+        q.put_many([(i,) * 8 for i in range(20)])
+    assert time.monotonic() - start < 1.0
+    q.put((1,))
+    assert q.get() == (1,)
+
+
+def test_a_process_killed_while_holding_the_lock_does_not_deadlock_others(spawn):
+    q = appo_ipc.Queue()
+    q.put((1,))
+    ready = spawn.Event()
+    holder = spawn.Process(target=hold_lock_forever, args=(q, ready))
+    holder.start()
+    assert ready.wait(20)
+    time.sleep(0.3)  # let it take the lock
+    with pytest.raises(queue.Empty):  # the lock is held: a get cannot proceed
+        q.get_many(timeout=0.3)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(timeout=10)
+    assert q.get(timeout=5) == (1,)
+    assert q.recoveries == 1
+    q.put((2,))
+    assert q.get() == (2,)
+
+
+def test_producers_killed_at_random_moments_never_corrupt_the_ring(spawn):
+    q = appo_ipc.Queue(max_size_bytes=4096)
+    rng = random.Random(0)
+    received = []
+    for round_index in range(12):
+        producers = [spawn.Process(target=produce_checked_forever, args=(q, round_index * 10 + p)) for p in range(3)]
+        for process in producers:
+            process.start()
+        deadline = time.monotonic() + rng.uniform(0.3, 0.8)
+        while time.monotonic() < deadline:
+            try:
+                received.extend(q.get_many(max_messages=200, timeout=0.1))
+            except queue.Empty:
+                pass
+        for process in producers:
+            os.kill(process.pid, signal.SIGKILL)
+        for process in producers:
+            process.join(timeout=10)
+    while True:
+        try:
+            received.extend(q.get_many(timeout=0.2))
+        except queue.Empty:
+            break
+    assert len(received) > 1000
+    for producer_id, seq, check in received:
+        assert check == (producer_id * 1_000_003 + seq * 7919) % 2_147_483_647
+    by_producer = {}
+    for producer_id, seq, _ in received:
+        by_producer.setdefault(producer_id, []).append(seq)
+    for seqs in by_producer.values():  # exactly once and in order, with at most a lost tail
+        assert seqs == list(range(len(seqs)))
+
+
+def test_pickled_queue_reattaches_in_a_spawned_process(spawn):
+    q = appo_ipc.Queue()
+    process = spawn.Process(target=produce, args=(q, 3, 10, 4))
+    process.start()
+    process.join(timeout=30)
+    assert process.exitcode == 0
+    assert q.get_many() == [(3, seq, seq * 7 + 3) for seq in range(10)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared buffers and slot control
+
+def test_a_buffer_written_in_one_process_is_read_in_another(spawn):
+    buffer = appo_ipc.SharedBuffer(4 * 1000)
+    view = np.frombuffer(buffer, dtype=np.float32)
+    assert view.shape == (1000,) and not view.any()
+    process = spawn.Process(target=write_buffer, args=(buffer, 2.5))
+    process.start()
+    process.join(timeout=30)
+    assert process.exitcode == 0
+    assert (view == 2.5).all()
+
+
+def test_slots_are_handed_out_once_and_returned():
+    slots = appo_ipc.SlotControl(num_slots=4, num_workers=1, num_splits=1)
+    taken = [slots.acquire(owner=7) for _ in range(4)]
+    assert sorted(taken) == [0, 1, 2, 3]
+    assert slots.free_count == 0
+    assert slots.acquire(owner=7, timeout=0.1) is None
+    assert slots.acquire(owner=7, block=False) is None
+    slots.set_owner(taken[0], 100)
+    assert slots.owner(taken[0]) == 100
+    slots.release([taken[0]])
+    with pytest.raises(ValueError, match="twice"):
+        slots.release([taken[0]])
+    with pytest.raises(IndexError):
+        slots.release([99])
+    assert slots.acquire(owner=1) == taken[0]
+
+
+def test_reclaim_returns_the_slots_of_a_dead_worker(spawn):
+    slots = appo_ipc.SlotControl(num_slots=10, num_workers=2, num_splits=2)
+    done = spawn.Event()
+    worker = spawn.Process(target=acquire_slots_and_die, args=(slots, 5, 6, done))
+    worker.start()
+    assert done.wait(20)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=10)
+    assert slots.free_count == 4
+    assert slots.reclaim(5) == 6
+    assert slots.free_count == 10
+
+
+def test_slots_survive_a_process_killed_while_holding_their_lock(spawn):
+    slots = appo_ipc.SlotControl(num_slots=3, num_workers=1, num_splits=1)
+    first = slots.acquire(owner=0)
+    ready = spawn.Event()
+    holder = spawn.Process(target=hold_lock_forever, args=(slots, ready))
+    holder.start()
+    assert ready.wait(20)
+    time.sleep(0.3)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join(timeout=10)
+    assert slots.acquire(owner=0, timeout=5) is not None
+    assert slots.recoveries == 1
+    assert slots.free_count == 1 and slots.owner(first) == 0
+
+
+def test_a_blocked_acquire_wakes_when_a_slot_is_released():
+    slots = appo_ipc.SlotControl(num_slots=1, num_workers=1, num_splits=1)
+    held = slots.acquire(owner=0)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(slots.acquire(owner=1, timeout=10)))
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive()
+    slots.release([held])
+    waiter.join(timeout=5)
+    assert got == [held]
+
+
+def test_split_flags_report_the_split_whose_actions_all_arrived(spawn):
+    slots = appo_ipc.SlotControl(num_slots=1, num_workers=2, num_splits=2)
+    assert slots.wait_any(worker=0, timeout=0.05) is None  # every split idle: nothing to wait for
+    slots.set_pending(worker=0, split=1, num_requests=3)
+    slots.complete(worker=0, split=1, num_done=2)
+    assert slots.pending(0, 1) == 1
+    assert slots.wait_any(worker=0, timeout=0.05) is None
+    slots.complete(worker=0, split=1)
+    assert slots.wait_any(worker=0, timeout=0) == 1
+    assert slots.pending(0, 1) == -1  # claimed: idle again
+    # Answers from another process wake a sleeping rollout worker.
+    slots.set_pending(worker=1, split=0, num_requests=5)
+    answerer = spawn.Process(target=answer_split, args=(slots, 1, 0, 5))
+    answerer.start()
+    assert slots.wait_any(worker=1, timeout=30) == 0
+    answerer.join(timeout=10)
+    assert slots.wait_any(worker=1, timeout=0.05) is None
+
+
+def test_close_wakes_waiters_on_slots():
+    slots = appo_ipc.SlotControl(num_slots=1, num_workers=1, num_splits=1)
+    slots.acquire(owner=0)
+    slots.set_pending(0, 0, 1)
+    results = []
+    waiters = [threading.Thread(target=lambda: results.append(slots.wait_any(0))),
+               threading.Thread(target=lambda: results.append(("acquire", slots.acquire(owner=1))))]
+    for waiter in waiters[:1]:
+        waiter.start()
+    time.sleep(0.2)
+    slots.close()
+    waiters[0].join(timeout=5)
+    assert results == [None]
+    with pytest.raises(appo_ipc.Closed):
+        slots.acquire(owner=1)
