@@ -1,0 +1,1189 @@
+"""APPO: asynchronous PPO with V-trace, the Sample Factory architecture in one file.
+
+    python appo.py --env doom_basic
+    python appo.py --env atari_breakout --num_workers 8 --num_envs_per_worker 4
+
+The file reads in the order data flows (see README.md for the diagram):
+
+    flags -> model -> losses -> shared memory (rollout slots, weights, run state)
+          -> rollout worker -> policy worker -> learner -> runner -> main
+
+Rollout workers step envs and write observations into shared trajectory slots; policy workers
+read them in batches, run the model and write actions back; every `--rollout` steps a slot goes
+to the learner, which trains on it and publishes new weights. Queues carry slot indices only.
+
+To fork: search for "ALGO LOGIC" (the model and the loss) and "ENV HOOK" (where envs are made).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import math
+import multiprocessing
+import os
+import queue
+import random
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from gymnasium import spaces
+
+import appo_ipc
+import env as envs
+
+
+# =============================================================================================
+# Flags
+# =============================================================================================
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Asynchronous PPO with V-trace (Sample Factory's APPO) on one machine.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    general = parser.add_argument_group("general")
+    general.add_argument("--env", default="doom_basic",
+                         help="env name: doom_<scenario>, atari_<game>, dmlab_<level>, dmlab_30, or "
+                              "one added with env.register_env")
+    general.add_argument("--experiment", default=None,
+                         help="experiment name; results go to train_dir/experiment (default: the env name)")
+    general.add_argument("--train_dir", default="train_dir", help="folder that holds all experiments")
+    general.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    general.add_argument("--train_for_env_steps", type=int, default=10_000_000_000,
+                         help="stop after this many env frames (frameskip included)")
+    general.add_argument("--train_for_seconds", type=float, default=1e10,
+                         help="stop after this many seconds of training")
+    general.add_argument("--save_every_sec", type=float, default=120.0,
+                         help="seconds between checkpoints (one is also written at exit)")
+    general.add_argument("--keep_checkpoints", type=int, default=3,
+                         help="how many recent checkpoints to keep per policy")
+    general.add_argument("--report_every_sec", type=float, default=5.0,
+                         help="seconds between status lines and TensorBoard summaries")
+
+    env_group = parser.add_argument_group("env")
+    env_group.add_argument("--env_frameskip", type=int, default=None,
+                           help="frames per agent step (default: the env's own, e.g. 4 for Doom)")
+    env_group.add_argument("--doom_game_variables", action="store_true",
+                           help="Doom: add the scenario's game variables to the observation")
+    env_group.add_argument("--doom_scenarios_dir", default=None,
+                           help="Doom: load scenario .cfg/.wad files from this folder")
+    env_group.add_argument("--dmlab_level_cache_dir", default=None,
+                           help="DMLab: folder for the compiled-level cache")
+
+    model = parser.add_argument_group("model")
+    model.add_argument("--hidden_size", type=int, default=512,
+                       help="width of the fully connected layer after the encoder and of the RNN")
+    model.add_argument("--rnn_type", choices=["gru", "lstm", "none"], default="gru",
+                       help="recurrent core; 'none' for a feed-forward policy")
+
+    algo = parser.add_argument_group("algorithm")
+    algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)")
+    algo.add_argument("--batch_size", type=int, default=2048,
+                      help="samples per SGD step; a multiple of --rollout")
+    algo.add_argument("--num_epochs", type=int, default=1, help="SGD passes over each batch")
+    algo.add_argument("--gamma", type=float, default=0.99, help="discount factor (default: the env's)")
+    algo.add_argument("--with_vtrace", action=argparse.BooleanOptionalAction, default=True,
+                      help="V-trace value targets and advantages; --no-with_vtrace uses GAE")
+    algo.add_argument("--vtrace_rho", type=float, default=1.0, help="V-trace rho_bar")
+    algo.add_argument("--vtrace_c", type=float, default=1.0, help="V-trace c_bar")
+    algo.add_argument("--gae_lambda", type=float, default=0.95, help="GAE lambda (without V-trace)")
+    algo.add_argument("--ppo_clip_ratio", type=float, default=0.1,
+                      help="PPO keeps the policy ratio within [1/(1+eps), 1+eps]")
+    algo.add_argument("--ppo_clip_value", type=float, default=1.0,
+                      help="clip of the value change against the behaviour policy's value")
+    algo.add_argument("--value_loss_coeff", type=float, default=0.5, help="critic loss weight")
+    algo.add_argument("--entropy_coeff", type=float, default=0.003, help="entropy bonus weight")
+    algo.add_argument("--normalize_advantage", action=argparse.BooleanOptionalAction, default=True,
+                      help="normalise advantages to zero mean, unit std per batch")
+    algo.add_argument("--max_policy_lag", type=int, default=100,
+                      help="drop transitions made by a policy more than this many SGD steps old")
+
+    optim = parser.add_argument_group("optimizer")
+    optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate")
+    optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
+    optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
+    optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon")
+    optim.add_argument("--max_grad_norm", type=float, default=4.0, help="gradient norm clip")
+
+    system = parser.add_argument_group("system")
+    system.add_argument("--num_workers", type=int, default=max(1, os.cpu_count() or 1),
+                        help="rollout worker processes")
+    system.add_argument("--num_envs_per_worker", type=int, default=2, help="envs per rollout worker")
+    system.add_argument("--worker_num_splits", type=int, default=2,
+                        help="groups of envs per worker: one steps while the other waits for actions")
+    system.add_argument("--num_policies", type=int, default=1, help="policies trained at once")
+    system.add_argument("--policy_workers_per_policy", type=int, default=1,
+                        help="inference processes per policy")
+    system.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where the learner and policy workers run")
+    system.add_argument("--learner_threads", type=int, default=1, help="torch threads of the learner")
+    system.add_argument("--policy_worker_threads", type=int, default=1,
+                        help="torch threads of each policy worker")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses flags; the env's own defaults (frameskip, gamma, ...) apply unless given."""
+    parser = build_parser()
+    known, _ = parser.parse_known_args(argv)
+    parser.set_defaults(**envs.env_defaults(known.env))
+    cfg = parser.parse_args(argv)
+    if cfg.env_frameskip is None:
+        cfg.env_frameskip = 1
+    if cfg.experiment is None:
+        cfg.experiment = cfg.env
+    return cfg
+
+
+def config_errors(cfg: argparse.Namespace) -> list[str]:
+    """Every problem with the flags, each naming the flag and the fix. Runs before any process."""
+    errors = []
+    env_problem = envs.env_error(cfg.env)
+    if env_problem:
+        errors.append(env_problem)
+    for flag in ["num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
+                 "policy_workers_per_policy", "rollout", "batch_size", "num_epochs", "hidden_size",
+                 "env_frameskip", "train_for_env_steps", "keep_checkpoints", "learner_threads",
+                 "policy_worker_threads"]:
+        if getattr(cfg, flag) <= 0:
+            errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
+    for flag in ["learning_rate", "save_every_sec", "report_every_sec", "train_for_seconds",
+                 "ppo_clip_ratio", "adam_eps"]:
+        if not getattr(cfg, flag) > 0:
+            errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
+    if not 0 < cfg.gamma <= 1:
+        errors.append(f"--gamma must be in (0, 1], got {cfg.gamma}")
+    if errors:
+        return errors
+    if cfg.worker_num_splits > cfg.num_envs_per_worker:
+        errors.append(f"--worker_num_splits {cfg.worker_num_splits} is larger than "
+                      f"--num_envs_per_worker {cfg.num_envs_per_worker}: use at most as many splits as envs")
+    elif cfg.num_envs_per_worker % cfg.worker_num_splits:
+        errors.append(f"--num_envs_per_worker {cfg.num_envs_per_worker} is not divisible by "
+                      f"--worker_num_splits {cfg.worker_num_splits}: make it a multiple")
+    if cfg.rollout > cfg.batch_size:
+        errors.append(f"--rollout {cfg.rollout} is larger than --batch_size {cfg.batch_size}: "
+                      "lower --rollout or raise --batch_size")
+    elif cfg.batch_size % cfg.rollout:
+        errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout}: "
+                      f"use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout or cfg.rollout}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        errors.append("--device cuda but torch sees no GPU: use --device cpu or install a CUDA build of torch")
+    return errors
+
+
+# =============================================================================================
+# ALGO LOGIC: the model
+# =============================================================================================
+
+def action_head_sizes(action_space: spaces.Space) -> list[int]:
+    """One categorical head per sub-space."""
+    if isinstance(action_space, spaces.Discrete):
+        return [int(action_space.n)]
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return [int(n) for n in action_space.nvec]
+    if isinstance(action_space, spaces.Tuple) and all(isinstance(s, spaces.Discrete) for s in action_space):
+        return [int(s.n) for s in action_space]
+    raise ValueError(f"unsupported action space {action_space}: use Discrete, MultiDiscrete or a Tuple of Discretes")
+
+
+def obs_shapes(obs_space: spaces.Space) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Observation keys with their per-step shape and dtype; a plain Box is the key 'obs'."""
+    if isinstance(obs_space, spaces.Dict):
+        return {key: (tuple(space.shape), np.dtype(space.dtype)) for key, space in obs_space.spaces.items()}
+    return {"obs": (tuple(obs_space.shape), np.dtype(obs_space.dtype))}
+
+
+def rnn_state_size(cfg) -> int:
+    return {"gru": cfg.hidden_size, "lstm": 2 * cfg.hidden_size, "none": 1}[cfg.rnn_type]
+
+
+class ActorCritic(nn.Module):
+    """Encoder -> (GRU | LSTM | nothing) -> one categorical head per action sub-space + value.
+
+    Images (uint8, CHW) go through the paper's "simplified" conv net; 1-D float observations
+    (e.g. Doom game variables) through a small MLP; the features are concatenated.
+    """
+
+    def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, cfg):
+        super().__init__()
+        self.rnn_type = cfg.rnn_type
+        self.hidden_size = cfg.hidden_size
+        self.head_sizes = action_head_sizes(action_space)
+        self.encoders = nn.ModuleDict()
+        features = 0
+        for key, (shape, _) in obs_shapes(obs_space).items():
+            if len(shape) == 3:
+                self.encoders[key] = nn.Sequential(
+                    nn.Conv2d(shape[0], 32, 8, stride=4), nn.ReLU(),
+                    nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                    nn.Conv2d(64, 128, 3, stride=2), nn.ReLU(),
+                    nn.Flatten(),
+                )
+                with torch.no_grad():
+                    features += self.encoders[key](torch.zeros(1, *shape)).shape[1]
+            elif len(shape) == 1:
+                self.encoders[key] = nn.Sequential(nn.Linear(shape[0], 128), nn.ReLU(),
+                                                   nn.Linear(128, 128), nn.ReLU())
+                features += 128
+            else:
+                raise ValueError(f"observation '{key}' of shape {shape}: expected an image (C, H, W) or a vector")
+        self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), nn.ReLU())
+        if cfg.rnn_type == "gru":
+            self.core = nn.GRUCell(cfg.hidden_size, cfg.hidden_size)
+        elif cfg.rnn_type == "lstm":
+            self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
+        self.policy_head = nn.Linear(cfg.hidden_size, sum(self.head_sizes))
+        self.value_head = nn.Linear(cfg.hidden_size, 1)
+
+    def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        features = []
+        for key, encoder in self.encoders.items():
+            x = obs[key]
+            if x.dtype == torch.uint8:
+                x = x.float() / 255.0
+            features.append(encoder(x.float()))
+        return self.fc(torch.cat(features, dim=1))
+
+    def core_step(self, features: torch.Tensor, rnn_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.rnn_type == "gru":
+            hidden = self.core(features, rnn_state)
+            return hidden, hidden
+        if self.rnn_type == "lstm":
+            hidden, cell = self.core(features, tuple(rnn_state.chunk(2, dim=1)))
+            return hidden, torch.cat([hidden, cell], dim=1)
+        return features, rnn_state
+
+    def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
+        """One step for a batch: (action logits, value, next RNN state)."""
+        core_out, next_state = self.core_step(self.encode(obs), rnn_state)
+        return self.policy_head(core_out), self.value_head(core_out).squeeze(-1), next_state
+
+    def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor,
+                        dones: torch.Tensor):
+        """A whole rollout: obs [T, B, ...], dones [T, B] -> logits [T, B, A], values [T, B].
+
+        The RNN state is reset after every step whose episode ended (done), exactly as the
+        rollout worker does when it acts, so training sees the same states as acting did.
+        """
+        steps, batch = dones.shape
+        features = self.encode({k: v.flatten(0, 1) for k, v in obs.items()}).view(steps, batch, -1)
+        rnn_state, core_outs = first_rnn_state, []
+        for t in range(steps):
+            if t > 0:
+                rnn_state = rnn_state * (1.0 - dones[t - 1]).unsqueeze(1)
+            core_out, rnn_state = self.core_step(features[t], rnn_state)
+            core_outs.append(core_out)
+        core_out = torch.stack(core_outs)
+        return self.policy_head(core_out), self.value_head(core_out).squeeze(-1)
+
+
+def split_log_softmax(logits: torch.Tensor, head_sizes: list[int]) -> list[torch.Tensor]:
+    return [F.log_softmax(head, dim=-1) for head in logits.split(head_sizes, dim=-1)]
+
+
+def sample_actions(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
+    """One action per head: [..., num_heads] int64."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    actions = [torch.multinomial(log_probs.exp(), 1).squeeze(1) for log_probs in split_log_softmax(flat, head_sizes)]
+    return torch.stack(actions, dim=-1).view(*logits.shape[:-1], len(head_sizes))
+
+
+def action_log_probs(logits: torch.Tensor, actions: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
+    """log pi(a) summed over heads: [...]."""
+    heads = split_log_softmax(logits, head_sizes)
+    return sum(head.gather(-1, actions[..., i:i + 1]).squeeze(-1) for i, head in enumerate(heads))
+
+
+def policy_entropy(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
+    return sum(-(head.exp() * head).sum(-1) for head in split_log_softmax(logits, head_sizes))
+
+
+# =============================================================================================
+# ALGO LOGIC: the losses (pure functions; tests import them)
+# =============================================================================================
+
+def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, rho_bar=1.0, c_bar=1.0):
+    """V-trace targets and policy-gradient advantages (IMPALA, Espeholt et al. 2018, eq. 1).
+
+    Time is the first dimension: log_rhos, discounts, rewards, values are [T, ...] and
+    bootstrap_value is [...]. Returns (vs, pg_advantages), both [T, ...], without gradient.
+    """
+    if not (log_rhos.shape == discounts.shape == rewards.shape == values.shape):
+        raise ValueError(f"vtrace: log_rhos {tuple(log_rhos.shape)}, discounts {tuple(discounts.shape)}, "
+                         f"rewards {tuple(rewards.shape)} and values {tuple(values.shape)} must have one shape")
+    if log_rhos.dim() < 1 or bootstrap_value.shape != values.shape[1:]:
+        raise ValueError(f"vtrace: bootstrap_value {tuple(bootstrap_value.shape)} must be values "
+                         f"{tuple(values.shape)} without its first (time) dimension")
+    with torch.no_grad():
+        rhos = torch.exp(log_rhos)
+        clipped_rhos = rhos.clamp(max=rho_bar)
+        cs = rhos.clamp(max=c_bar)
+        next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
+        deltas = clipped_rhos * (rewards + discounts * next_values - values)
+        vs_minus_v = torch.zeros_like(values)
+        acc = torch.zeros_like(bootstrap_value)
+        for t in reversed(range(values.shape[0])):
+            acc = deltas[t] + discounts[t] * cs[t] * acc
+            vs_minus_v[t] = acc
+        vs = values + vs_minus_v
+        next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)])
+        pg_advantages = clipped_rhos * (rewards + discounts * next_vs - values)
+    return vs, pg_advantages
+
+
+def gae(rewards, values, discounts, bootstrap_value, gae_lambda):
+    """Generalised advantage estimation: (returns, advantages), [T, ...], without gradient."""
+    with torch.no_grad():
+        next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
+        deltas = rewards + discounts * next_values - values
+        advantages = torch.zeros_like(values)
+        acc = torch.zeros_like(bootstrap_value)
+        for t in reversed(range(values.shape[0])):
+            acc = deltas[t] + discounts[t] * gae_lambda * acc
+            advantages[t] = acc
+    return advantages + values, advantages
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def ppo_policy_loss(log_probs, behaviour_log_probs, advantages, clip_ratio, mask):
+    """Clipped surrogate; the ratio is kept within [1/(1+eps), 1+eps] as in Sample Factory."""
+    ratio = torch.exp(log_probs - behaviour_log_probs)
+    clipped = ratio.clamp(1.0 / (1.0 + clip_ratio), 1.0 + clip_ratio)
+    surrogate = torch.min(ratio * advantages, clipped * advantages)
+    return -masked_mean(surrogate, mask)
+
+
+def value_loss(values, behaviour_values, targets, clip_value, mask):
+    """Squared error, pessimistic over the value clipped to behaviour_values +- clip_value."""
+    clipped = behaviour_values + (values - behaviour_values).clamp(-clip_value, clip_value)
+    return 0.5 * masked_mean(torch.max((values - targets) ** 2, (clipped - targets) ** 2), mask)
+
+
+def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg):
+    """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first).
+
+    Step T holds only the bootstrap observation. Returns (loss, stats dict of floats).
+    """
+    head_sizes = model.head_sizes
+    obs = {key: batch[key] for key in model.encoders}
+    dones = batch["done"]
+    logits, values = model.forward_rollout(obs, batch["rnn_state"][0], dones)
+    actions = batch["actions"][:-1]
+    log_probs = action_log_probs(logits[:-1], actions, head_sizes)
+    behaviour_log_probs = batch["log_prob"][:-1]
+    lag = policy_version - batch["policy_version"][:-1]
+    mask = ((lag <= cfg.max_policy_lag) & (batch["valid"][:-1] > 0)).float()
+    rewards, discounts = batch["reward"][:-1], cfg.gamma * (1.0 - dones[:-1])
+
+    with torch.no_grad():
+        if cfg.with_vtrace:
+            vs, _ = vtrace(log_probs - behaviour_log_probs, discounts, rewards, values[:-1], values[-1],
+                           cfg.vtrace_rho, cfg.vtrace_c)
+            next_vs = torch.cat([vs[1:], values[-1:]])
+            advantages = rewards + discounts * next_vs - values[:-1]
+            targets = vs
+        else:
+            targets, advantages = gae(rewards, batch["value"][:-1], discounts, batch["value"][-1], cfg.gae_lambda)
+        if cfg.normalize_advantage:
+            mean = masked_mean(advantages, mask)
+            std = masked_mean((advantages - mean) ** 2, mask).sqrt()
+            advantages = (advantages - mean) / (std + 1e-8)
+
+    policy_loss = ppo_policy_loss(log_probs, behaviour_log_probs, advantages, cfg.ppo_clip_ratio, mask)
+    critic_loss = value_loss(values[:-1], batch["value"][:-1], targets, cfg.ppo_clip_value, mask)
+    entropy = masked_mean(policy_entropy(logits[:-1], head_sizes), mask)
+    loss = policy_loss + cfg.value_loss_coeff * critic_loss - cfg.entropy_coeff * entropy
+    stats = {
+        "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": critic_loss.item(),
+        "entropy": entropy.item(), "valid_fraction": mask.mean().item(),
+        "lag_min": lag.min().item(), "lag_avg": lag.float().mean().item(), "lag_max": lag.max().item(),
+    }
+    return loss, stats
+
+
+# =============================================================================================
+# Shared memory: trajectory slots, published weights, run state
+# =============================================================================================
+
+def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Every per-step field of a trajectory slot: name -> (shape, dtype). Each slot holds T+1 steps."""
+    specs = dict(obs_shapes(obs_space))
+    specs.update({
+        "rnn_state": ((rnn_state_size(cfg),), np.dtype(np.float32)),  # state *before* this step
+        "actions": ((len(action_head_sizes(action_space)),), np.dtype(np.int64)),
+        "log_prob": ((), np.dtype(np.float32)),        # behaviour policy's log pi(action)
+        "value": ((), np.dtype(np.float32)),           # behaviour policy's value estimate
+        "reward": ((), np.dtype(np.float32)),
+        "done": ((), np.dtype(np.float32)),            # the episode ended after this step
+        "policy_version": ((), np.dtype(np.int64)),    # SGD step of the weights that acted
+        "valid": ((), np.dtype(np.float32)),           # 0: leave out of the loss
+    })
+    return specs
+
+
+class RolloutSlots:
+    """num_slots trajectories of T+1 steps in one shared buffer, viewed per field as numpy arrays
+    [num_slots, T+1, *shape] and torch tensors over the same memory, plus the slots' free list
+    and the per-(worker, split) action counters (appo_ipc.SlotControl)."""
+
+    def __init__(self, specs, num_slots: int, rollout: int, num_workers: int, num_splits: int):
+        self.specs, self.num_slots, self.rollout = specs, num_slots, rollout
+        self.buffer = appo_ipc.SharedBuffer(self._layout()[1])
+        self.control = appo_ipc.SlotControl(num_slots, num_workers, num_splits)
+        self._make_views()
+
+    def _layout(self):
+        offsets, total = {}, 0
+        for name, (shape, dtype) in self.specs.items():
+            offsets[name] = total
+            nbytes = self.num_slots * (self.rollout + 1) * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            total += (nbytes + 63) // 64 * 64  # cache-line aligned fields
+        return offsets, total
+
+    def _make_views(self):
+        raw = np.frombuffer(self.buffer, dtype=np.uint8)
+        offsets, _ = self._layout()
+        self.arrays, self.tensors = {}, {}
+        for name, (shape, dtype) in self.specs.items():
+            full_shape = (self.num_slots, self.rollout + 1, *shape)
+            nbytes = int(np.prod(full_shape, dtype=np.int64)) * dtype.itemsize
+            self.arrays[name] = raw[offsets[name]:offsets[name] + nbytes].view(dtype).reshape(full_shape)
+            self.tensors[name] = torch.from_numpy(self.arrays[name])
+
+    def gather(self, slot_indices: list[int]) -> dict[str, torch.Tensor]:
+        """Copies whole trajectories out: name -> [T+1, len(slot_indices), ...] (time first)."""
+        index = torch.as_tensor(slot_indices, dtype=torch.long)
+        return {name: tensor.index_select(0, index).transpose(0, 1) for name, tensor in self.tensors.items()}
+
+    def __getstate__(self):
+        return {"specs": self.specs, "num_slots": self.num_slots, "rollout": self.rollout,
+                "buffer": self.buffer, "control": self.control}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_views()
+
+
+class SharedWeights:
+    """The latest weights of one policy in shared memory, guarded by a version counter.
+
+    The learner writes them after every SGD step; policy workers copy them when the version
+    moved. A seqlock (odd version = write in progress) lets readers never block the learner.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.num_params = sum(p.numel() for p in model.state_dict().values())
+        self.buffer = appo_ipc.SharedBuffer(8 * 2 + 4 * self.num_params)
+        self._make_views()
+        self.publish(model, version=0)
+
+    def _make_views(self):
+        raw = np.frombuffer(self.buffer, dtype=np.uint8)
+        self.sequence = raw[:8].view(np.int64)          # seqlock counter
+        self.version_array = raw[8:16].view(np.int64)   # policy version of the weights
+        self.flat = torch.from_numpy(raw[16:].view(np.float32))
+
+    @property
+    def version(self) -> int:
+        return int(self.version_array[0])
+
+    def publish(self, model: nn.Module, version: int):
+        self.sequence[0] += 1
+        offset = 0
+        for tensor in model.state_dict().values():
+            n = tensor.numel()
+            self.flat[offset:offset + n].copy_(tensor.detach().reshape(-1).float())
+            offset += n
+        self.version_array[0] = version
+        self.sequence[0] += 1
+
+    def load_into(self, model: nn.Module) -> int | None:
+        """Copies the weights into `model`; returns their version, or None if a write got in the way."""
+        before = int(self.sequence[0])
+        if before % 2:
+            return None
+        version, offset = self.version, 0
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                n = tensor.numel()
+                tensor.copy_(self.flat[offset:offset + n].view_as(tensor))
+                offset += n
+        return version if int(self.sequence[0]) == before else None
+
+    def __getstate__(self):
+        return {"num_params": self.num_params, "buffer": self.buffer}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_views()
+
+
+class RunState:
+    """Small shared counters every process reads or writes without messages."""
+
+    def __init__(self, num_workers: int, num_policies: int, num_processes: int):
+        self.sizes = {"stop": 1, "worker_frames": num_workers, "heartbeat": num_processes,
+                      "learner_frames": num_policies, "learner_version": num_policies}
+        self.buffer = appo_ipc.SharedBuffer(8 * sum(self.sizes.values()))
+        self._make_views()
+
+    def _make_views(self):
+        flat = np.frombuffer(self.buffer, dtype=np.int64)
+        offset = 0
+        for name, size in self.sizes.items():
+            setattr(self, name, flat[offset:offset + size])
+            offset += size
+
+    def should_stop(self) -> bool:
+        return bool(self.stop[0])
+
+    def beat(self, process_index: int):
+        self.heartbeat[process_index] = time.monotonic_ns()
+
+    def __getstate__(self):
+        return {"sizes": self.sizes, "buffer": self.buffer}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_views()
+
+
+@dataclass
+class Shared:
+    """Everything the processes share, handed to each at spawn."""
+    slots: RolloutSlots
+    weights: list[SharedWeights]           # per policy
+    request_queues: list[appo_ipc.Queue]   # per policy: (worker, split, slot, step) to act on
+    learner_queues: list[appo_ipc.Queue]   # per policy: (slot,) of finished trajectories
+    stats_queue: appo_ipc.Queue            # pickled dicts for the runner
+    run: RunState
+
+
+def learner_owner(cfg, policy_id: int) -> int:
+    """Owner id of slots on their way to or held by a learner (rollout workers own ids < num_workers)."""
+    return cfg.num_workers + policy_id
+
+
+def child_process_setup(threads: int = 1):
+    """Every child: die with the parent, leave Ctrl-C to the runner, few threads."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us when the runner dies
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+
+
+def parent_alive(parent_pid: int) -> bool:
+    return os.getppid() == parent_pid
+
+
+# =============================================================================================
+# Rollout worker: steps envs, writes obs into slots, asks for actions, hands full slots on
+# =============================================================================================
+
+class Actor:
+    """One agent of one env: its current trajectory slot and step."""
+
+    def __init__(self, env_id: int, agent: int, policy_id: int):
+        self.env_id, self.agent, self.policy_id = env_id, agent, policy_id
+        self.slot, self.step = -1, 0
+        self.episode_reward = 0.0
+
+
+def env_action(action_space, action_row: np.ndarray):
+    if isinstance(action_space, spaces.Discrete):
+        return int(action_row[0])
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return action_row.copy()
+    return tuple(int(a) for a in action_row)
+
+
+def agent_lists(num_agents: int, obs, reward, terminated, truncated, info):
+    """Single-agent envs return plain values; give every env the multi-agent shape (lists)."""
+    if num_agents == 1:
+        return [obs], [reward], [terminated or truncated], [info]
+    done = [bool(t) or bool(u) for t, u in zip(terminated, truncated)] if isinstance(terminated, (list, tuple)) \
+        else [bool(terminated) or bool(truncated)] * num_agents
+    infos = info if isinstance(info, (list, tuple)) else [info] * num_agents
+    return list(obs), list(reward), done, infos
+
+
+class RolloutWorker:
+    def __init__(self, worker_id: int, cfg, shared: Shared):
+        self.worker_id, self.cfg, self.shared = worker_id, cfg, shared
+        self.slots, self.arrays = shared.slots, shared.slots.arrays
+        self.envs, self.actors = [], []
+        self.rng = random.Random((cfg.seed or 0) * 1000 + worker_id)
+        envs_per_split = cfg.num_envs_per_worker // cfg.worker_num_splits
+        for i in range(cfg.num_envs_per_worker):
+            env_index = worker_id * cfg.num_envs_per_worker + i
+            env = envs.create_env(cfg.env, cfg, env_index=env_index)  # ENV HOOK
+            self.envs.append(env)
+            for agent in range(envs.get_num_agents(env)):
+                self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies)))
+        self.split_actors = [[a for a in self.actors if a.env_id // envs_per_split == s]
+                             for s in range(cfg.worker_num_splits)]
+        self.action_space = self.envs[0].action_space
+        self.obs_keys = list(obs_shapes(self.envs[0].observation_space))
+        self.stats = {"env_step_s": 0.0, "wait_s": 0.0}
+
+    def write_obs(self, actor: Actor, obs):
+        if len(self.obs_keys) == 1 and not isinstance(obs, dict):
+            self.arrays["obs"][actor.slot, actor.step] = obs
+        else:
+            for key in self.obs_keys:
+                self.arrays[key][actor.slot, actor.step] = obs[key]
+
+    def start_slot(self, actor: Actor) -> bool:
+        slot = None
+        while slot is None:
+            if self.shared.run.should_stop():
+                return False
+            slot = self.slots.control.acquire(self.worker_id, timeout=0.5)
+        actor.slot, actor.step = slot, 0
+        self.arrays["valid"][slot] = 1.0
+        return True
+
+    def request_actions(self, split: int):
+        actors = self.split_actors[split]
+        self.slots.control.set_pending(self.worker_id, split, len(actors))
+        by_policy = {}
+        for actor in actors:
+            by_policy.setdefault(actor.policy_id, []).append((self.worker_id, split, actor.slot, actor.step))
+        for policy_id, requests in by_policy.items():
+            self.shared.request_queues[policy_id].put_many(requests)
+
+    def reset_all(self):
+        for env_id, env in enumerate(self.envs):
+            obs, _ = env.reset()
+            num_agents = envs.get_num_agents(env)
+            obs_per_agent = [obs] if num_agents == 1 else list(obs)
+            for actor in (a for a in self.actors if a.env_id == env_id):
+                if not self.start_slot(actor):
+                    return False
+                self.write_obs(actor, obs_per_agent[actor.agent])
+                self.arrays["rnn_state"][actor.slot, 0] = 0.0
+        return True
+
+    def finish_slot(self, actor: Actor) -> bool:
+        """The slot holds T steps plus the bootstrap obs: give it to the learner, continue in a new one."""
+        full_slot = actor.slot
+        self.slots.control.set_owner(full_slot, learner_owner(self.cfg, actor.policy_id))
+        self.shared.learner_queues[actor.policy_id].put((full_slot,))
+        if not self.start_slot(actor):
+            return False
+        for key in self.obs_keys + ["rnn_state"]:
+            self.arrays[key][actor.slot, 0] = self.arrays[key][full_slot, self.cfg.rollout]
+        return True
+
+    def step_split(self, split: int) -> bool:
+        start = time.perf_counter()
+        frames = 0
+        for env_id in sorted({a.env_id for a in self.split_actors[split]}):
+            env = self.envs[env_id]
+            env_actors = [a for a in self.split_actors[split] if a.env_id == env_id]
+            actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
+            result = env.step(actions[0] if len(env_actors) == 1 else actions)
+            obs, rewards, dones, infos = agent_lists(len(env_actors), *result)
+            if all(dones):
+                obs, _ = env.reset()
+                obs = [obs] if len(env_actors) == 1 else list(obs)
+            frames += self.cfg.env_frameskip
+            for actor in env_actors:
+                self.record_step(actor, obs[actor.agent], rewards[actor.agent], dones[actor.agent], infos[actor.agent])
+                if actor.step == self.cfg.rollout and not self.finish_slot(actor):
+                    return False
+        self.shared.run.worker_frames[self.worker_id] += frames
+        self.stats["env_step_s"] += time.perf_counter() - start
+        return True
+
+    def record_step(self, actor: Actor, obs, reward, done, info):
+        self.arrays["reward"][actor.slot, actor.step] = reward
+        self.arrays["done"][actor.slot, actor.step] = float(done)
+        actor.step += 1
+        self.write_obs(actor, obs)
+        if done:  # the policy worker already wrote the next RNN state; a new episode starts fresh
+            self.arrays["rnn_state"][actor.slot, actor.step] = 0.0
+        if "true_return" in info:
+            self.shared.stats_queue.put({"type": "episode", "policy_id": actor.policy_id,
+                                         "true_return": float(info["true_return"]),
+                                         "true_length": int(info["true_length"])})
+
+    def run(self, process_index: int):
+        parent = os.getppid()
+        if not self.reset_all():
+            return
+        for split in range(self.cfg.worker_num_splits):
+            self.request_actions(split)
+        last_report = time.monotonic()
+        while not self.shared.run.should_stop() and parent_alive(parent):
+            self.shared.run.beat(process_index)
+            wait_start = time.perf_counter()
+            split = self.slots.control.wait_any(self.worker_id, timeout=0.5)
+            self.stats["wait_s"] += time.perf_counter() - wait_start
+            if split is None:
+                continue
+            if not self.step_split(split):
+                return
+            self.request_actions(split)
+            if time.monotonic() - last_report > 2.0:
+                self.shared.stats_queue.put({"type": "timing", "component": "rollout", **self.stats})
+                self.stats = {key: 0.0 for key in self.stats}
+                last_report = time.monotonic()
+
+    def close(self):
+        for env in self.envs:
+            env.close()
+
+
+def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared):
+    child_process_setup()
+    worker = RolloutWorker(worker_id, cfg, shared)
+    try:
+        worker.run(process_index)
+    except appo_ipc.Closed:
+        pass
+    finally:
+        worker.close()
+
+
+# =============================================================================================
+# Policy worker: batched inference for one policy; stateless (RNN states live in the slots)
+# =============================================================================================
+
+def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
+    child_process_setup(cfg.policy_worker_threads)
+    parent = os.getppid()
+    device = torch.device(cfg.device)
+    model = ActorCritic(*spaces_pair, cfg).to(device).eval()
+    cpu_model = ActorCritic(*spaces_pair, cfg) if device.type != "cpu" else model
+    weights, requests = shared.weights[policy_id], shared.request_queues[policy_id]
+    tensors, control = shared.slots.tensors, shared.slots.control
+    obs_keys = list(model.encoders)
+    version = -1
+    busy_s, last_report = 0.0, time.monotonic()
+    while not shared.run.should_stop() and parent_alive(parent):
+        shared.run.beat(process_index)
+        if weights.version != version:
+            loaded = weights.load_into(cpu_model)
+            if loaded is not None:
+                version = loaded
+                if cpu_model is not model:
+                    model.load_state_dict(cpu_model.state_dict())
+        try:
+            batch = requests.get_many(timeout=0.5)
+        except queue.Empty:
+            continue
+        start = time.perf_counter()
+        index = torch.as_tensor(batch, dtype=torch.long)
+        slot_ids, steps = index[:, 2], index[:, 3]
+        with torch.no_grad():
+            obs = {key: tensors[key][slot_ids, steps].to(device) for key in obs_keys}
+            logits, values, next_state = model(obs, tensors["rnn_state"][slot_ids, steps].to(device))
+            actions = sample_actions(logits, model.head_sizes)
+            log_probs = action_log_probs(logits, actions, model.head_sizes)
+        tensors["actions"][slot_ids, steps] = actions.cpu()
+        tensors["log_prob"][slot_ids, steps] = log_probs.cpu()
+        tensors["value"][slot_ids, steps] = values.cpu()
+        tensors["policy_version"][slot_ids, steps] = version
+        tensors["rnn_state"][slot_ids, steps + 1] = next_state.cpu()
+        answered = {}
+        for worker, split, _, _ in batch:
+            answered[(worker, split)] = answered.get((worker, split), 0) + 1
+        for (worker, split), count in answered.items():
+            control.complete(worker, split, count)
+        busy_s += time.perf_counter() - start
+        if time.monotonic() - last_report > 2.0:
+            shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s})
+            busy_s, last_report = 0.0, time.monotonic()
+
+
+# =============================================================================================
+# Learner: batches finished slots in a background thread, trains, publishes weights
+# =============================================================================================
+
+def checkpoint_dir(cfg, policy_id: int) -> str:
+    return os.path.join(cfg.train_dir, cfg.experiment, f"checkpoint_p{policy_id}")
+
+
+def save_checkpoint(cfg, policy_id: int, state: dict) -> str:
+    """Writes atomically (temporary file, fsync, rename) and keeps the newest --keep_checkpoints."""
+    folder = checkpoint_dir(cfg, policy_id)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"checkpoint_{state['policy_version']:09d}_{state['env_frames']}.pth")
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    for old in sorted(glob.glob(os.path.join(folder, "checkpoint_*.pth")))[:-cfg.keep_checkpoints]:
+        os.remove(old)
+    return path
+
+
+def load_latest_checkpoint(cfg, policy_id: int) -> dict | None:
+    """The newest checkpoint that loads; older ones are tried when the newest is damaged."""
+    for path in sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")), reverse=True):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # a truncated or corrupt file: fall back to the one before
+            print(f"warning: skipping unreadable checkpoint {path}: {error}", flush=True)
+    return None
+
+
+class Learner:
+    def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
+        self.policy_id, self.cfg, self.shared = policy_id, cfg, shared
+        self.device = torch.device(cfg.device)
+        self.model = ActorCritic(*spaces_pair, cfg).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
+                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+        self.policy_version, self.env_frames = 0, 0
+        checkpoint = load_latest_checkpoint(cfg, policy_id)
+        if checkpoint is not None:
+            self.model.load_state_dict(checkpoint["model"])
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.policy_version, self.env_frames = checkpoint["policy_version"], checkpoint["env_frames"]
+        self.batches: queue.Queue = queue.Queue(maxsize=1)
+        self.slots_per_batch = cfg.batch_size // cfg.rollout
+
+    def batcher(self):
+        """Background thread: collects finished slots, copies them out, frees them, queues the batch."""
+        slots, learner_queue = self.shared.slots, self.shared.learner_queues[self.policy_id]
+        pending = []
+        while not self.shared.run.should_stop():
+            try:
+                messages = learner_queue.get_many(max_messages=self.slots_per_batch - len(pending), timeout=0.5)
+            except queue.Empty:
+                continue
+            except appo_ipc.Closed:
+                return
+            pending += [message[0] for message in messages]
+            if len(pending) < self.slots_per_batch:
+                continue
+            batch = slots.gather(pending)
+            slots.control.release(pending)
+            pending = []
+            if self.device.type == "cuda":
+                batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+            while not self.shared.run.should_stop():
+                try:
+                    self.batches.put(batch, timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
+
+    def train_step(self, batch) -> dict:
+        stats = {}
+        for _ in range(self.cfg.num_epochs):
+            loss, stats = appo_loss(self.model, batch, self.policy_version, self.cfg)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            stats["grad_norm"] = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm).item()
+            self.optimizer.step()
+        self.policy_version += 1
+        self.env_frames += self.cfg.batch_size * self.cfg.env_frameskip
+        self.shared.weights[self.policy_id].publish(self.model, self.policy_version)
+        self.shared.run.learner_frames[self.policy_id] = self.env_frames
+        self.shared.run.learner_version[self.policy_id] = self.policy_version
+        return stats
+
+    def checkpoint_state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "policy_version": self.policy_version, "env_frames": self.env_frames,
+                "cfg": {k: v for k, v in vars(self.cfg).items() if isinstance(v, (int, float, str, bool, type(None)))}}
+
+    def save(self):
+        try:
+            save_checkpoint(self.cfg, self.policy_id, self.checkpoint_state())
+        except OSError as error:  # a full disk must not end a long run; the last checkpoint stays valid
+            print(f"error: could not save checkpoint of policy {self.policy_id}: {error}", flush=True)
+
+    def run(self, process_index: int):
+        parent = os.getppid()
+        self.shared.run.learner_frames[self.policy_id] = self.env_frames
+        self.shared.run.learner_version[self.policy_id] = self.policy_version
+        threading.Thread(target=self.batcher, daemon=True).start()
+        last_save = time.monotonic()
+        while not self.shared.run.should_stop() and parent_alive(parent):
+            self.shared.run.beat(process_index)
+            try:
+                batch = self.batches.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            start = time.perf_counter()
+            stats = self.train_step(batch)
+            self.shared.stats_queue.put({"type": "learner", "policy_id": self.policy_id,
+                                         "train_s": time.perf_counter() - start,
+                                         "policy_version": self.policy_version, **stats})
+            if time.monotonic() - last_save > self.cfg.save_every_sec:
+                self.save()
+                last_save = time.monotonic()
+        self.save()
+
+
+def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
+    child_process_setup(cfg.learner_threads)
+    Learner(policy_id, cfg, shared, spaces_pair).run(process_index)
+
+
+# =============================================================================================
+# Runner: spawns everything, prints status, writes summaries, stops cleanly
+# =============================================================================================
+
+class Stats:
+    """What the runner knows: frame counts over time, recent episodes, learner and timing stats."""
+
+    def __init__(self, num_policies: int):
+        self.frame_history = deque(maxlen=1000)  # (time, total frames collected)
+        self.episode_returns = [deque(maxlen=100) for _ in range(num_policies)]
+        self.episode_lengths = [deque(maxlen=100) for _ in range(num_policies)]
+        self.learner = [{} for _ in range(num_policies)]
+        self.timing = {"rollout": {}, "inference": {}}
+        self.num_episodes = 0
+
+    def consume(self, message: dict):
+        kind = message.pop("type")
+        if kind == "episode":
+            self.episode_returns[message["policy_id"]].append(message["true_return"])
+            self.episode_lengths[message["policy_id"]].append(message["true_length"])
+            self.num_episodes += 1
+        elif kind == "learner":
+            self.learner[message["policy_id"]] = message
+        elif kind == "timing":
+            component = self.timing[message.pop("component")]
+            for key, value in message.items():
+                component[key] = component.get(key, 0.0) + value
+
+    def fps(self, window: float) -> float:
+        if len(self.frame_history) < 2:
+            return 0.0
+        now, frames = self.frame_history[-1]
+        for then, frames_then in self.frame_history:
+            if now - then <= window:
+                return (frames - frames_then) / max(now - then, 1e-6)
+        return 0.0
+
+
+def spawn_processes(cfg, shared: Shared, spaces_pair, context) -> list[tuple[str, multiprocessing.Process]]:
+    processes, index = [], 0
+    for policy_id in range(cfg.num_policies):
+        processes.append((f"learner {policy_id}", context.Process(
+            target=learner_main, args=(policy_id, index, cfg, shared, spaces_pair), daemon=True)))
+        index += 1
+        for _ in range(cfg.policy_workers_per_policy):
+            processes.append((f"policy worker {index} (policy {policy_id})", context.Process(
+                target=policy_worker_main, args=(policy_id, index, cfg, shared, spaces_pair), daemon=True)))
+            index += 1
+    for worker_id in range(cfg.num_workers):
+        processes.append((f"rollout worker {worker_id}", context.Process(
+            target=rollout_worker_main, args=(worker_id, index, cfg, shared), daemon=True)))
+        index += 1
+    for _, process in processes:
+        process.start()
+    return processes
+
+
+def probe_env(cfg):
+    """(observation space, action space) and the number of agents, from one env made and closed."""
+    probe = envs.create_env(cfg.env, cfg, env_index=0)  # ENV HOOK
+    try:
+        return (probe.observation_space, probe.action_space), envs.get_num_agents(probe)
+    finally:
+        probe.close()
+
+
+def num_processes(cfg) -> int:
+    return cfg.num_policies * (1 + cfg.policy_workers_per_policy) + cfg.num_workers
+
+
+def create_shared(cfg, model: ActorCritic, spaces_pair, num_agents: int) -> Shared:
+    num_actors = cfg.num_workers * cfg.num_envs_per_worker * num_agents
+    slots_per_batch = cfg.batch_size // cfg.rollout
+    # Each actor fills one slot while up to two batches per learner wait or train; a few spare
+    # slots keep actors from waiting on the learner while it frees a batch.
+    num_slots = 2 * num_actors + 2 * slots_per_batch * cfg.num_policies
+    specs = rollout_buffer_specs(*spaces_pair, cfg)
+    weights = []
+    for policy_id in range(cfg.num_policies):
+        shared_weights = SharedWeights(model)
+        checkpoint = load_latest_checkpoint(cfg, policy_id)
+        if checkpoint is not None:  # policy workers act with the resumed weights from the start
+            model.load_state_dict(checkpoint["model"])
+            shared_weights.publish(model, checkpoint["policy_version"])
+        weights.append(shared_weights)
+    return Shared(
+        slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
+        weights=weights,
+        request_queues=[appo_ipc.Queue(1 << 20) for _ in range(cfg.num_policies)],
+        learner_queues=[appo_ipc.Queue(1 << 20) for _ in range(cfg.num_policies)],
+        stats_queue=appo_ipc.Queue(8 << 20),
+        run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
+    )
+
+
+def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
+    frames = int(shared.run.worker_frames.sum())
+    parts = [f"[{elapsed:7.0f}s] frames {frames:,}",
+             "FPS 10s/60s/300s " + "/".join(f"{stats.fps(w):,.0f}" for w in (10, 60, 300)),
+             f"samples/s {stats.fps(60) / cfg.env_frameskip:,.0f}"]
+    for policy_id in range(cfg.num_policies):
+        learner, returns = stats.learner[policy_id], stats.episode_returns[policy_id]
+        prefix = f"p{policy_id} " if cfg.num_policies > 1 else ""
+        if learner:
+            parts.append(f"{prefix}lag {learner['lag_min']:.0f}/{learner['lag_avg']:.1f}/{learner['lag_max']:.0f}"
+                         f" trained {int(shared.run.learner_frames[policy_id]):,}")
+        if returns:
+            parts.append(f"{prefix}avg return {np.mean(returns):.2f} ({len(returns)} ep)")
+    timing = stats.timing
+    total = sum(timing["rollout"].get(k, 0.0) for k in ("env_step_s", "wait_s"))
+    if total > 0:
+        parts.append(f"rollout env {timing['rollout']['env_step_s'] / total:.0%} wait {timing['rollout']['wait_s'] / total:.0%}")
+    return " | ".join(parts)
+
+
+def write_summaries(writer, cfg, stats: Stats, shared: Shared):
+    frames = int(shared.run.worker_frames.sum())
+    writer.add_scalar("perf/fps", stats.fps(60), frames)
+    for policy_id in range(cfg.num_policies):
+        if stats.episode_returns[policy_id]:
+            writer.add_scalar(f"p{policy_id}/true_return", float(np.mean(stats.episode_returns[policy_id])), frames)
+            writer.add_scalar(f"p{policy_id}/episode_frames", float(np.mean(stats.episode_lengths[policy_id])), frames)
+        for key, value in stats.learner[policy_id].items():
+            if isinstance(value, (int, float)) and key != "policy_id":
+                writer.add_scalar(f"p{policy_id}/{key}", value, frames)
+
+
+def experiment_dir(cfg) -> str:
+    return os.path.join(cfg.train_dir, cfg.experiment)
+
+
+# Flags that fix the shape of the model or the data: a resumed experiment must keep them.
+IMMUTABLE_FLAGS = ["env", "hidden_size", "rnn_type", "doom_game_variables", "num_policies"]
+
+
+def saved_config_errors(cfg) -> list[str]:
+    path = os.path.join(experiment_dir(cfg), "config.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        saved = json.load(f)
+    return [f"--{flag} {getattr(cfg, flag)} conflicts with {saved.get(flag)} saved in {path}: "
+            f"use another --experiment or the saved value" for flag in IMMUTABLE_FLAGS
+            if flag in saved and saved[flag] != getattr(cfg, flag)]
+
+
+def save_config(cfg):
+    os.makedirs(experiment_dir(cfg), exist_ok=True)
+    path = os.path.join(experiment_dir(cfg), "config.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(vars(cfg), f, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+class StopRequested(Exception):
+    pass
+
+
+def train(cfg) -> int:
+    """Runs a whole training; returns the process exit code."""
+    torch.manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**31))
+    save_config(cfg)
+    spaces_pair, num_agents = probe_env(cfg)
+    model = ActorCritic(*spaces_pair, cfg)
+    shared = create_shared(cfg, model, spaces_pair, num_agents)
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(os.path.join(experiment_dir(cfg), "tb"))
+    stats, exit_code = Stats(cfg.num_policies), 0
+
+    def request_stop(signum, frame):
+        raise StopRequested()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    processes = spawn_processes(cfg, shared, spaces_pair, multiprocessing.get_context("spawn"))
+    start = last_report = time.monotonic()
+    print(f"training {cfg.env} in {experiment_dir(cfg)} with {len(processes)} processes", flush=True)
+    try:
+        while True:
+            time.sleep(0.1)
+            for message in drain(shared.stats_queue):
+                stats.consume(message)
+            now = time.monotonic()
+            stats.frame_history.append((now, int(shared.run.worker_frames.sum())))
+            dead = [name for name, process in processes if not process.is_alive()]
+            if dead:
+                print(f"error: {', '.join(dead)} exited unexpectedly; stopping", flush=True)
+                exit_code = 1
+                break
+            if now - last_report >= cfg.report_every_sec:
+                print(status_line(cfg, stats, shared, now - start), flush=True)
+                write_summaries(writer, cfg, stats, shared)
+                last_report = now
+            if shared.run.learner_frames.min() >= cfg.train_for_env_steps or now - start >= cfg.train_for_seconds:
+                break
+    except StopRequested:
+        print("stop requested: saving and shutting down", flush=True)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        shutdown(shared, processes)
+        print(status_line(cfg, stats, shared, time.monotonic() - start), flush=True)
+        write_summaries(writer, cfg, stats, shared)
+        writer.close()
+    return exit_code
+
+
+def drain(stats_queue: appo_ipc.Queue) -> list[dict]:
+    try:
+        return stats_queue.get_many(block=False)
+    except queue.Empty:
+        return []
+
+
+def shutdown(shared: Shared, processes, grace_s: float = 8.0):
+    """Asks every process to stop (the learners save a checkpoint), then ends stragglers."""
+    shared.run.stop[0] = 1
+    deadline = time.monotonic() + grace_s
+    for _, process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for name, process in processes:
+        if process.is_alive():
+            print(f"warning: {name} did not stop in {grace_s:.0f}s; killing it", flush=True)
+            process.kill()
+            process.join()
+    shared.slots.control.close()
+    for q in shared.request_queues + shared.learner_queues + [shared.stats_queue]:
+        q.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    errors = config_errors(cfg) or saved_config_errors(cfg)
+    if errors:
+        for error in errors:
+            print(f"error: {error}", file=sys.stderr)
+        return 2
+    return train(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
