@@ -353,7 +353,8 @@ def gae(rewards, values, discounts, bootstrap_value, gae_lambda):
         for t in reversed(range(values.shape[0])):
             acc = deltas[t] + discounts[t] * gae_lambda * acc
             advantages[t] = acc
-    return advantages + values, advantages
+        returns = advantages + values
+    return returns, advantages
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -862,6 +863,8 @@ class Learner:
             self.model.load_state_dict(checkpoint["model"])
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.policy_version, self.env_frames = checkpoint["policy_version"], checkpoint["env_frames"]
+            print(f"policy {policy_id} resumed from policy version {self.policy_version}, "
+                  f"{self.env_frames:,} env frames", flush=True)
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = cfg.batch_size // cfg.rollout
 

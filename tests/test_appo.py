@@ -1,0 +1,326 @@
+"""appo.py: losses against literal formulas, the model, a learner step, flag validation, and an
+end-to-end run on real VizDoom with real processes."""
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+import appo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------
+# V-trace
+
+def vtrace_literal(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar):
+    """IMPALA's definition written out term by term, one sequence at a time (numpy, float64):
+    v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t,
+    delta_t = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t)),
+    pg_adv_s = rho_s (r_s + gamma_s v_{s+1} - V(x_s))."""
+    T = len(rewards)
+    rhos = np.exp(log_rhos)
+    clipped_rhos, cs = np.minimum(rhos, rho_bar), np.minimum(rhos, c_bar)
+    values_ext = np.append(values, bootstrap)
+    vs = np.zeros(T)
+    for s in range(T):
+        total = 0.0
+        for t in range(s, T):
+            weight = 1.0
+            for i in range(s, t):
+                weight *= discounts[i] * cs[i]
+            delta = clipped_rhos[t] * (rewards[t] + discounts[t] * values_ext[t + 1] - values_ext[t])
+            total += weight * delta
+        vs[s] = values[s] + total
+    vs_ext = np.append(vs, bootstrap)
+    pg = np.array([clipped_rhos[s] * (rewards[s] + discounts[s] * vs_ext[s + 1] - values[s]) for s in range(T)])
+    return vs, pg
+
+
+def random_vtrace_inputs(shape, seed):
+    rng = np.random.default_rng(seed)
+    log_rhos = rng.uniform(-2.0, 2.0, shape)  # rhos from 0.14 to 7.4: both clips are crossed
+    log_rhos.flat[0], log_rhos.flat[-1] = 1.5, -1.5  # at least once each, even with one step
+    discounts = 0.9 * (rng.random(shape) > 0.2)  # with episode ends
+    rewards = rng.normal(size=shape)
+    values = rng.normal(size=shape)
+    bootstrap = rng.normal(size=shape[1:])
+    return log_rhos, discounts, rewards, values, bootstrap
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (1, 1), (6, 1), (5, 3, 2)], ids=["batch", "single-step", "batch-of-one", "higher-rank"])
+def test_vtrace_matches_the_literal_formula(shape):
+    rho_bar, c_bar = 1.5, 0.8
+    log_rhos, discounts, rewards, values, bootstrap = random_vtrace_inputs(shape, seed=sum(shape))
+    if log_rhos.size > 1:
+        assert (np.exp(log_rhos) > rho_bar).any() and (np.exp(log_rhos) < c_bar).any()
+    vs, pg = appo.vtrace(*(torch.tensor(x) for x in (log_rhos, discounts, rewards, values, bootstrap)),
+                         rho_bar=rho_bar, c_bar=c_bar)
+    flat = [x.reshape(shape[0], -1) for x in (log_rhos, discounts, rewards, values)]
+    flat_bootstrap = bootstrap.reshape(-1)
+    for column in range(flat[0].shape[1]):
+        expected_vs, expected_pg = vtrace_literal(*(x[:, column] for x in flat), flat_bootstrap[column], rho_bar, c_bar)
+        np.testing.assert_allclose(vs.numpy().reshape(shape[0], -1)[:, column], expected_vs, rtol=1e-10)
+        np.testing.assert_allclose(pg.numpy().reshape(shape[0], -1)[:, column], expected_pg, rtol=1e-10)
+
+
+def test_vtrace_on_policy_without_clipping_is_the_n_step_return():
+    rewards = torch.tensor([1.0, 2.0, 3.0])
+    discounts = torch.full((3,), 0.5)
+    vs, _ = appo.vtrace(torch.zeros(3), discounts, rewards, torch.zeros(3), torch.tensor(8.0))
+    # 1 + .5*2 + .25*3 + .125*8 = 3.75; 2 + .5*3 + .25*8 = 5.5; 3 + .5*8 = 7
+    assert vs.tolist() == [3.75, 5.5, 7.0]
+
+
+def test_vtrace_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="one shape"):
+        appo.vtrace(torch.zeros(4, 2), torch.zeros(4, 2), torch.zeros(4, 3), torch.zeros(4, 2), torch.zeros(2))
+    with pytest.raises(ValueError, match="bootstrap_value"):
+        appo.vtrace(torch.zeros(4, 2), torch.zeros(4, 2), torch.zeros(4, 2), torch.zeros(4, 2), torch.zeros(4, 2))
+
+
+def test_advantages_carry_no_gradient():
+    values = torch.randn(5, 3, requires_grad=True)
+    bootstrap = torch.randn(3, requires_grad=True)
+    log_rhos = torch.randn(5, 3, requires_grad=True)
+    vs, pg = appo.vtrace(log_rhos, torch.full((5, 3), 0.99), torch.randn(5, 3), values, bootstrap)
+    returns, advantages = appo.gae(torch.randn(5, 3), values, torch.full((5, 3), 0.99), bootstrap, 0.95)
+    assert not any(t.requires_grad for t in (vs, pg, returns, advantages))
+
+
+# ---------------------------------------------------------------------------------------------
+# PPO and value losses
+
+def test_ppo_loss_against_a_hand_computed_example():
+    # ratios e^0.5 = 1.6487 (clipped to 1.1), e^-0.5 = 0.6065 (clipped to 1/1.1 = 0.9091), 1.0
+    log_probs = torch.tensor([0.5, -0.5, 0.0, 0.5])
+    behaviour = torch.zeros(4)
+    advantages = torch.tensor([2.0, 2.0, -1.0, -3.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])  # the last one is masked out
+    loss = appo.ppo_policy_loss(log_probs, behaviour, advantages, 0.1, mask)
+    # min(1.6487*2, 1.1*2) = 2.2; min(0.6065*2, 0.9091*2) = 1.2131; min(-1, -1) = -1
+    expected = -(2.2 + 2 * np.exp(-0.5) - 1.0) / 3
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_clipped_value_loss_takes_the_pessimistic_error():
+    values = torch.tensor([3.0, 0.5])
+    behaviour = torch.tensor([0.0, 0.0])
+    targets = torch.tensor([0.0, 1.0])
+    # first: unclipped error 9, clipped value 1 -> error 1: take 9; second: 0.25 vs 0.25
+    loss = appo.value_loss(values, behaviour, targets, clip_value=1.0, mask=torch.ones(2))
+    assert loss.item() == pytest.approx(0.5 * (9.0 + 0.25) / 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+def small_cfg(**overrides):
+    cfg = appo.parse_args(["--env", "doom_basic", "--hidden_size", "32", "--rollout", "6", "--batch_size", "24"])
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+IMAGE_AND_VECTOR = spaces.Dict({"obs": spaces.Box(0, 255, (3, 36, 64), np.uint8),
+                                "measurements": spaces.Box(-1, 1, (5,), np.float32)})
+TWO_HEADS = spaces.Tuple((spaces.Discrete(3), spaces.Discrete(4)))
+
+
+def random_obs(obs_space, leading_shape, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    obs = {}
+    for key, (shape, dtype) in appo.obs_shapes(obs_space).items():
+        if dtype == np.uint8:
+            obs[key] = torch.randint(0, 256, (*leading_shape, *shape), dtype=torch.uint8, generator=generator)
+        else:
+            obs[key] = torch.randn(*leading_shape, *shape, generator=generator)
+    return obs
+
+
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm", "none"])
+def test_rnn_over_a_rollout_equals_stepping_it_with_episode_boundaries(rnn_type):
+    torch.manual_seed(0)
+    cfg = small_cfg(rnn_type=rnn_type)
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    steps, batch = 6, 3
+    obs = random_obs(IMAGE_AND_VECTOR, (steps, batch))
+    dones = torch.zeros(steps, batch)
+    dones[1, 0] = dones[3, 2] = dones[4, 0] = 1.0
+    first_state = torch.randn(batch, appo.rnn_state_size(cfg))
+    logits, values = model.forward_rollout(obs, first_state, dones)
+    state = first_state
+    for t in range(steps):
+        step_logits, step_values, state = model({k: v[t] for k, v in obs.items()}, state)
+        torch.testing.assert_close(step_logits, logits[t])
+        torch.testing.assert_close(step_values, values[t])
+        state = state * (1 - dones[t]).unsqueeze(1)  # what the rollout worker does on done
+    assert logits.shape == (steps, batch, 7) and values.shape == (steps, batch)
+
+
+def test_action_heads_sample_valid_actions_and_score_them():
+    logits = torch.log(torch.tensor([[0.0, 1.0, 0.0, 0.25, 0.25, 0.25, 0.25]]) + 1e-12)
+    actions = appo.sample_actions(logits.repeat(50, 1), [3, 4])
+    assert actions.shape == (50, 2) and (actions[:, 0] == 1).all() and (actions[:, 1] < 4).all()
+    log_probs = appo.action_log_probs(logits, torch.tensor([[1, 2]]), [3, 4])
+    assert log_probs.item() == pytest.approx(np.log(0.25), abs=1e-5)
+    assert appo.policy_entropy(logits, [3, 4]).item() == pytest.approx(np.log(4), abs=1e-4)
+
+
+def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):
+    heads = appo.action_head_sizes(action_space)
+    data = random_obs(obs_space, (steps + 1, batch))
+    data["rnn_state"] = torch.zeros(steps + 1, batch, appo.rnn_state_size(cfg))
+    data["actions"] = torch.stack([torch.randint(0, n, (steps + 1, batch)) for n in heads], dim=-1)
+    data["log_prob"] = torch.full((steps + 1, batch), -1.5)
+    data["value"] = torch.zeros(steps + 1, batch)
+    data["reward"] = torch.randn(steps + 1, batch)
+    data["done"] = (torch.rand(steps + 1, batch) < 0.1).float()
+    data["policy_version"] = torch.full((steps + 1, batch), policy_version, dtype=torch.long)
+    data["valid"] = torch.ones(steps + 1, batch)
+    return data
+
+
+@pytest.mark.parametrize("with_vtrace", [True, False])
+def test_one_learner_step_changes_the_weights_and_every_parameter_gets_a_gradient(with_vtrace):
+    torch.manual_seed(1)
+    cfg = small_cfg(with_vtrace=with_vtrace)
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    loss, stats = appo.appo_loss(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
+    loss.backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+    optimizer.step()
+    for name, parameter in model.named_parameters():
+        assert not torch.equal(parameter, before[name]), name
+    assert stats["valid_fraction"] == 1.0 and np.isfinite(stats["loss"])
+
+
+def test_transitions_older_than_max_policy_lag_are_masked_out():
+    cfg = small_cfg(max_policy_lag=5)
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4, policy_version=0)
+    batch["policy_version"][:, :2] = 10  # two trajectories are recent at version 12, two are not
+    _, stats = appo.appo_loss(model, batch, policy_version=12, cfg=cfg)
+    assert stats["valid_fraction"] == pytest.approx(0.5)
+    assert stats["lag_max"] == 12 and stats["lag_min"] == 2
+
+
+def test_rollout_slots_give_zero_copy_views_that_pickle(spawn):
+    cfg = small_cfg()
+    specs = appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    slots = appo.RolloutSlots(specs, num_slots=4, rollout=6, num_workers=1, num_splits=2)
+    assert slots.arrays["obs"].shape == (4, 7, 3, 36, 64) and slots.arrays["actions"].shape == (4, 7, 2)
+    slots.tensors["reward"][2, 3] = 5.0
+    assert slots.arrays["reward"][2, 3] == 5.0  # numpy and torch share the memory
+    process = spawn.Process(target=fill_reward, args=(slots, 1, 4.0))
+    process.start()
+    process.join(timeout=60)
+    assert process.exitcode == 0
+    batch = slots.gather([1, 2])
+    assert batch["reward"].shape == (7, 2) and (batch["reward"][:, 0] == 4.0).all()
+
+
+def fill_reward(slots, slot, value):
+    slots.arrays["reward"][slot] = value
+
+
+def test_shared_weights_round_trip():
+    cfg = small_cfg()
+    source = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    target = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    weights = appo.SharedWeights(source)
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.add_(1.0)
+    weights.publish(source, version=3)
+    assert weights.load_into(target) == 3
+    for a, b in zip(source.state_dict().values(), target.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags
+
+@pytest.mark.parametrize("flags, message", [
+    (["--env", "doom_nope"], "unknown env 'doom_nope'"),
+    (["--num_envs_per_worker", "3", "--worker_num_splits", "2"], "--num_envs_per_worker 3 is not divisible"),
+    (["--num_envs_per_worker", "2", "--worker_num_splits", "4"], "--worker_num_splits 4 is larger"),
+    (["--batch_size", "100", "--rollout", "32"], "--batch_size 100 is not a multiple of --rollout 32"),
+    (["--rollout", "64", "--batch_size", "32"], "--rollout 64 is larger than --batch_size 32"),
+    (["--num_workers", "0"], "--num_workers must be positive"),
+    (["--learning_rate", "-1"], "--learning_rate must be positive"),
+])
+def test_bad_flags_fail_before_anything_starts(flags, message, capsys, tmp_path):
+    assert appo.main(flags + ["--train_dir", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+    assert not os.listdir(tmp_path)  # nothing written, nothing spawned
+
+
+def test_env_defaults_apply_unless_a_flag_is_given():
+    assert appo.parse_args(["--env", "doom_basic"]).env_frameskip == 4
+    assert appo.parse_args(["--env", "doom_basic", "--env_frameskip", "2"]).env_frameskip == 2
+
+
+def test_every_flag_has_help():
+    for action in appo.build_parser()._actions:
+        assert action.help, action.dest
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+
+def processes_tagged(tag: str) -> list[int]:
+    found = []
+    for environ in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(environ, "rb") as f:
+                if tag.encode() in f.read():
+                    found.append(int(environ.split("/")[2]))
+        except OSError:
+            pass
+    return found
+
+
+def run_appo(tmp_path, tag, seconds):
+    command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
+               "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "128", "--hidden_size", "128",
+               "--train_for_seconds", str(seconds), "--report_every_sec", "2", "--save_every_sec", "5",
+               "--train_dir", str(tmp_path), "--experiment", "e2e", "--seed", "1"]
+    environment = dict(os.environ, APPO_TEST_TAG=tag)
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=environment, cwd=tmp_path)
+
+
+def checkpoint_versions(tmp_path):
+    paths = glob.glob(str(tmp_path / "e2e" / "checkpoint_p0" / "checkpoint_*.pth"))
+    return sorted(torch.load(p, weights_only=True)["policy_version"] for p in paths)
+
+
+@pytest.mark.slow
+def test_end_to_end_training_run_checkpoints_resumes_and_cleans_up(tmp_path):
+    tag = uuid.uuid4().hex
+    first = run_appo(tmp_path, tag, seconds=25)
+    assert first.returncode == 0, first.stderr[-3000:]
+    status_lines = [line for line in first.stdout.splitlines() if "frames" in line and "lag" in line]
+    assert status_lines, first.stdout[-3000:]
+    assert "avg return" in first.stdout
+    first_versions = checkpoint_versions(tmp_path)
+    assert first_versions and first_versions[-1] > 0  # the learner stepped and saved
+    assert os.path.exists(tmp_path / "e2e" / "config.json")
+    assert glob.glob(str(tmp_path / "e2e" / "tb" / "events.*"))
+    assert processes_tagged(tag) == []
+
+    second = run_appo(tmp_path, tag, seconds=15)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from policy version {first_versions[-1]}" in second.stdout
+    assert checkpoint_versions(tmp_path)[-1] > first_versions[-1]
+    assert processes_tagged(tag) == []
