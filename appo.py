@@ -246,6 +246,16 @@ class ActorCritic(nn.Module):
             self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
         self.policy_head = nn.Linear(cfg.hidden_size, sum(self.head_sizes))
         self.value_head = nn.Linear(cfg.hidden_size, 1)
+        self.initialize()
+
+    def initialize(self):
+        """Orthogonal weights, zero biases; a near-uniform first policy (small policy head)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.orthogonal_(module.weight, gain=nn.init.calculate_gain("relu"))
+                nn.init.zeros_(module.bias)
+        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
+        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
 
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         features = []
@@ -412,6 +422,8 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     stats = {
         "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": critic_loss.item(),
         "entropy": entropy.item(), "valid_fraction": mask.mean().item(),
+        "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask).item(),
+        "value_mean": masked_mean(values[:-1], mask).item(),
         "lag_min": lag.min().item(), "lag_avg": lag.float().mean().item(), "lag_max": lag.max().item(),
     }
     return loss, stats

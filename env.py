@@ -74,8 +74,17 @@ def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None 
     return make_dmlab_env(name, cfg, env_index, render_mode)
 
 
+# Per-env overrides of appo.py's defaults, on top of the family's frameskip and gamma.
+# doom_basic is solved in a few hundred thousand frames: the paper's batch of 2048 would give too
+# few SGD steps in that budget, so it trains on smaller batches, as Sample Factory's examples do.
+ENV_FLAG_OVERRIDES: dict[str, dict] = {
+    "doom_basic": {"batch_size": 512},
+}
+
+
 def env_defaults(name: str) -> dict:
-    """Per-env defaults for appo.py flags (keys: env_frameskip, gamma); {} for unknown names.
+    """Per-env defaults for appo.py flags (env_frameskip, gamma, and ENV_FLAG_OVERRIDES); {} for
+    unknown names.
 
     Registered envs get {} too: appo.py's own defaults apply to them.
     """
@@ -84,7 +93,7 @@ def env_defaults(name: str) -> dict:
     problem = _env_problem(name)
     if problem is not None and problem[0] is ValueError:  # an unknown name, not a missing package
         return {}
-    return {"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA}
+    return {"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA, **ENV_FLAG_OVERRIDES.get(name, {})}
 
 
 def env_error(name: str) -> str | None:

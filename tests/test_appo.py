@@ -324,3 +324,11 @@ def test_end_to_end_training_run_checkpoints_resumes_and_cleans_up(tmp_path):
     assert f"resumed from policy version {first_versions[-1]}" in second.stdout
     assert checkpoint_versions(tmp_path)[-1] > first_versions[-1]
     assert processes_tagged(tag) == []
+
+
+def test_readme_documents_every_flag():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    for action in appo.build_parser()._actions:
+        if action.option_strings and action.dest != "help":
+            assert f"`{action.option_strings[0]}" in readme, action.option_strings[0]
