@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="width of the fully connected layer after the encoder and of the RNN")
     model.add_argument("--rnn_type", choices=["gru", "lstm", "none"], default="gru",
                        help="recurrent core; 'none' for a feed-forward policy")
+    model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=True,
+                       help="normalise each observation element by its running mean and std")
 
     algo = parser.add_argument_group("algorithm")
     algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)")
@@ -209,6 +211,33 @@ def rnn_state_size(cfg) -> int:
     return {"gru": cfg.hidden_size, "lstm": 2 * cfg.hidden_size, "none": 1}[cfg.rnn_type]
 
 
+class RunningNormalizer(nn.Module):
+    """Per-element running mean and variance of an input (e.g. every pixel), so that what never
+    changes (a static background) reads as zero and what moves stands out. Its statistics are
+    buffers: they travel with the weights to the policy workers and into checkpoints."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 5.0):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.tensor(1e-4))
+        self.clip = clip
+
+    @torch.no_grad()
+    def update(self, batch: torch.Tensor):
+        """Merges the statistics of `batch` [N, *shape] (Chan et al.'s parallel formula)."""
+        batch = batch.float()
+        batch_mean, batch_var, n = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * n / total
+        self.var.copy_((self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-5)).clamp(-self.clip, self.clip)
+
+
 class ActorCritic(nn.Module):
     """Encoder -> (GRU | LSTM | nothing) -> one categorical head per action sub-space + value.
 
@@ -240,6 +269,9 @@ class ActorCritic(nn.Module):
             else:
                 raise ValueError(f"observation '{key}' of shape {shape}: expected an image (C, H, W) or a vector")
         self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), nn.ReLU())
+        self.normalize_input = cfg.normalize_input
+        self.obs_normalizers = nn.ModuleDict({key: RunningNormalizer(shape)
+                                              for key, (shape, _) in obs_shapes(obs_space).items()})
         if cfg.rnn_type == "gru":
             self.core = nn.GRUCell(cfg.hidden_size, cfg.hidden_size)
         elif cfg.rnn_type == "lstm":
@@ -260,11 +292,20 @@ class ActorCritic(nn.Module):
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         features = []
         for key, encoder in self.encoders.items():
-            x = obs[key]
-            if x.dtype == torch.uint8:
-                x = x.float() / 255.0
-            features.append(encoder(x.float()))
+            x = obs[key].float()
+            if obs[key].dtype == torch.uint8:
+                x = x / 255.0
+            if self.normalize_input:
+                x = self.obs_normalizers[key](x)
+            features.append(encoder(x))
         return self.fc(torch.cat(features, dim=1))
+
+    def update_normalizers(self, obs: dict[str, torch.Tensor]):
+        """Learner only: fold a batch [N, ...] of observations into the input statistics."""
+        if self.normalize_input:
+            for key, normalizer in self.obs_normalizers.items():
+                x = obs[key].float()
+                normalizer.update(x / 255.0 if obs[key].dtype == torch.uint8 else x)
 
     def core_step(self, features: torch.Tensor, rnn_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.rnn_type == "gru":
@@ -908,6 +949,7 @@ class Learner:
 
     def train_step(self, batch) -> dict:
         stats = {}
+        self.model.update_normalizers({key: batch[key].flatten(0, 1) for key in self.model.encoders})
         for _ in range(self.cfg.num_epochs):
             loss, stats = appo_loss(self.model, batch, self.policy_version, self.cfg)
             self.optimizer.zero_grad(set_to_none=True)
@@ -1092,7 +1134,7 @@ def experiment_dir(cfg) -> str:
 
 
 # Flags that fix the shape of the model or the data: a resumed experiment must keep them.
-IMMUTABLE_FLAGS = ["env", "hidden_size", "rnn_type", "doom_game_variables", "num_policies"]
+IMMUTABLE_FLAGS = ["env", "hidden_size", "rnn_type", "doom_game_variables", "num_policies", "normalize_input"]
 
 
 def saved_config_errors(cfg) -> list[str]:

@@ -332,3 +332,15 @@ def test_readme_documents_every_flag():
     for action in appo.build_parser()._actions:
         if action.option_strings and action.dest != "help":
             assert f"`{action.option_strings[0]}" in readme, action.option_strings[0]
+
+
+def test_running_normalizer_matches_the_statistics_of_all_batches_seen():
+    normalizer = appo.RunningNormalizer((3, 2))
+    batches = [torch.randn(n, 3, 2) * 4 + 7 for n in (5, 17, 1, 40)]
+    for batch in batches:
+        normalizer.update(batch)
+    everything = torch.cat(batches)
+    torch.testing.assert_close(normalizer.mean, everything.mean(0), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(normalizer.var, everything.var(0, unbiased=False), atol=1e-3, rtol=1e-3)
+    normalized = normalizer(everything)
+    assert normalized.mean().abs() < 1e-3 and (normalized.std() - 1).abs() < 0.05
