@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="width of the fully connected layer after the encoder and of the RNN")
     model.add_argument("--rnn_type", choices=["gru", "lstm", "none"], default="gru",
                        help="recurrent core; 'none' for a feed-forward policy")
-    model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=True,
+    model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=False,
                        help="normalise each observation element by its running mean and std")
 
     algo = parser.add_argument_group("algorithm")

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <optional>
@@ -284,12 +285,15 @@ PYBIND11_MODULE(appo_ipc, m) {
         .def_property_readonly("recoveries", [](const Queue& q) { return q.header()->recoveries; },
                                "How often a process died holding the lock and the ring was repaired.")
         .def("_hold_lock_forever",
-             [](Queue& q) {
+             [](Queue& q, const std::string& ready_path) {
                  py::gil_scoped_release release;
                  pthread_mutex_lock(&q.header()->mutex);
+                 close(open(ready_path.c_str(), O_CREAT | O_WRONLY, 0600));
                  for (;;) pause();
              },
-             "Test hook: takes the lock and never lets go, so a test can kill the holder.")
+             py::arg("ready_path"),
+             "Test hook: takes the lock, creates the file ready_path, and never lets go, so a "
+             "test can kill the holder.")
         .def(py::pickle([](const Queue& q) { return q.handle(); },
                         [](py::tuple h) {
                             auto q = std::make_unique<Queue>();
@@ -385,12 +389,15 @@ PYBIND11_MODULE(appo_ipc, m) {
              "Rollout worker: a split whose actions all arrived (now marked idle), or None on "
              "timeout or close. Costs no system call when one is already ready.")
         .def("_hold_lock_forever",
-             [](SlotControl& s) {
+             [](SlotControl& s, const std::string& ready_path) {
                  py::gil_scoped_release release;
                  pthread_mutex_lock(&s.header()->mutex);
+                 close(open(ready_path.c_str(), O_CREAT | O_WRONLY, 0600));
                  for (;;) pause();
              },
-             "Test hook: takes the lock and never lets go, so a test can kill the holder.")
+             py::arg("ready_path"),
+             "Test hook: takes the lock, creates the file ready_path, and never lets go, so a "
+             "test can kill the holder.")
         .def(py::pickle([](const SlotControl& s) { return s.handle(); },
                         [](py::tuple h) {
                             auto s = std::make_unique<SlotControl>();

@@ -34,15 +34,23 @@ def drain_until_closed(q, results):
     results.put(pickle.dumps(received))
 
 
-def hold_lock_forever(shared_object, ready):
-    ready.set()
-    shared_object._hold_lock_forever()
+def hold_lock_forever(shared_object, ready_path):
+    shared_object._hold_lock_forever(ready_path)
 
 
-def produce_checked_forever(q, producer_id):
+def wait_for_file(path, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def produce_checked_forever(q, producer_id, started):
     seq = 0
     while True:
         q.put((producer_id, seq, (producer_id * 1_000_003 + seq * 7919) % 2_147_483_647))
+        if seq == 0:
+            started.set()
         seq += 1
 
 
@@ -168,7 +176,9 @@ def test_close_wakes_a_getter_in_another_process(spawn):
     process = spawn.Process(target=drain_until_closed, args=(q, results))
     process.start()
     q.put((7,))
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while q.qsize() and time.monotonic() < deadline:  # the getter took it: it runs and waits again
+        time.sleep(0.01)
     q.close()
     assert pickle.loads(results.get(timeout=20)) == [(7,)]
     process.join(timeout=10)
@@ -187,14 +197,13 @@ def test_oversize_message_raises_at_once_naming_both_sizes():
     assert q.get() == (1,)
 
 
-def test_a_process_killed_while_holding_the_lock_does_not_deadlock_others(spawn):
+def test_a_process_killed_while_holding_the_lock_does_not_deadlock_others(spawn, tmp_path):
     q = appo_ipc.Queue()
     q.put((1,))
-    ready = spawn.Event()
-    holder = spawn.Process(target=hold_lock_forever, args=(q, ready))
+    ready_path = str(tmp_path / "locked")
+    holder = spawn.Process(target=hold_lock_forever, args=(q, ready_path))
     holder.start()
-    assert ready.wait(20)
-    time.sleep(0.3)  # let it take the lock
+    wait_for_file(ready_path)
     with pytest.raises(queue.Empty):  # the lock is held: a get cannot proceed
         q.get_many(timeout=0.3)
     os.kill(holder.pid, signal.SIGKILL)
@@ -210,10 +219,20 @@ def test_producers_killed_at_random_moments_never_corrupt_the_ring(spawn):
     rng = random.Random(0)
     received = []
     for round_index in range(12):
-        producers = [spawn.Process(target=produce_checked_forever, args=(q, round_index * 10 + p)) for p in range(3)]
+        started = [spawn.Event() for _ in range(3)]
+        producers = [spawn.Process(target=produce_checked_forever, args=(q, round_index * 10 + p, started[p]))
+                     for p in range(3)]
         for process in producers:
             process.start()
-        deadline = time.monotonic() + rng.uniform(0.3, 0.8)
+        start_deadline = time.monotonic() + 120
+        for event in started:  # start-up is slow under load: kill only producers that run
+            while not event.is_set():
+                assert time.monotonic() < start_deadline, "a producer never started"
+                try:
+                    received.extend(q.get_many(max_messages=200, timeout=0.1))
+                except queue.Empty:
+                    pass
+        deadline = time.monotonic() + rng.uniform(0.1, 0.5)
         while time.monotonic() < deadline:
             try:
                 received.extend(q.get_many(max_messages=200, timeout=0.1))
@@ -291,14 +310,14 @@ def test_reclaim_returns_the_slots_of_a_dead_worker(spawn):
     assert slots.free_count == 10
 
 
-def test_slots_survive_a_process_killed_while_holding_their_lock(spawn):
+def test_slots_survive_a_process_killed_while_holding_their_lock(spawn, tmp_path):
     slots = appo_ipc.SlotControl(num_slots=3, num_workers=1, num_splits=1)
     first = slots.acquire(owner=0)
-    ready = spawn.Event()
-    holder = spawn.Process(target=hold_lock_forever, args=(slots, ready))
+    ready_path = str(tmp_path / "locked")
+    holder = spawn.Process(target=hold_lock_forever, args=(slots, ready_path))
     holder.start()
-    assert ready.wait(20)
-    time.sleep(0.3)
+    wait_for_file(ready_path)
+    assert slots.acquire(owner=0, timeout=0.2) is None  # the lock is held: nobody gets in
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(timeout=10)
     assert slots.acquire(owner=0, timeout=5) is not None
