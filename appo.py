@@ -694,6 +694,9 @@ class RolloutWorker:
                 self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies)))
         self.split_actors = [[a for a in self.actors if a.env_id // envs_per_split == s]
                              for s in range(cfg.worker_num_splits)]
+        # per split: (env_id, that env's actors), so the hot loop does no searching
+        self.split_envs = [[(env_id, [a for a in actors if a.env_id == env_id])
+                            for env_id in sorted({a.env_id for a in actors})] for actors in self.split_actors]
         self.action_space = self.envs[0].action_space
         self.obs_keys = list(obs_shapes(self.envs[0].observation_space))
         self.stats = {"env_step_s": 0.0, "wait_s": 0.0}
@@ -750,9 +753,8 @@ class RolloutWorker:
     def step_split(self, split: int) -> bool:
         start = time.perf_counter()
         frames = 0
-        for env_id in sorted({a.env_id for a in self.split_actors[split]}):
+        for env_id, env_actors in self.split_envs[split]:
             env = self.envs[env_id]
-            env_actors = [a for a in self.split_actors[split] if a.env_id == env_id]
             actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
             result = env.step(actions[0] if len(env_actors) == 1 else actions)
             obs, rewards, dones, infos = agent_lists(len(env_actors), *result)
