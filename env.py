@@ -77,8 +77,10 @@ def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None 
 # Per-env overrides of appo.py's defaults, on top of the family's frameskip and gamma.
 # doom_basic is solved in a few hundred thousand frames: the paper's batch of 2048 would give too
 # few SGD steps in that budget, so it trains on smaller batches, as Sample Factory's examples do.
+# Per-pixel input normalisation makes the small monster stand out from the static room; without it
+# the return stayed flat for 500k frames, with it the return started climbing around 400k.
 ENV_FLAG_OVERRIDES: dict[str, dict] = {
-    "doom_basic": {"batch_size": 512},
+    "doom_basic": {"batch_size": 512, "normalize_input": True},
 }
 
 

@@ -298,7 +298,7 @@ def test_env_error_names_missing_package(monkeypatch):
 
 def test_env_defaults():
     expected = {"env_frameskip": 4, "gamma": 0.99}
-    assert env_defaults("doom_basic") == {**expected, "batch_size": 512}
+    assert env_defaults("doom_basic") == {**expected, "batch_size": 512, "normalize_input": True}
     assert env_defaults("doom_health_gathering") == expected
     assert env_defaults("atari_pong") == expected
     assert env_defaults("dmlab_30") == expected
