@@ -21,7 +21,6 @@ import argparse
 import ctypes
 import glob
 import json
-import math
 import multiprocessing
 import os
 import queue
@@ -658,7 +657,6 @@ class Actor:
     def __init__(self, env_id: int, agent: int, policy_id: int):
         self.env_id, self.agent, self.policy_id = env_id, agent, policy_id
         self.slot, self.step = -1, 0
-        self.episode_reward = 0.0
 
 
 def env_action(action_space, action_row: np.ndarray):
