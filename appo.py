@@ -18,6 +18,7 @@ To fork: search for "ALGO LOGIC" (the model and the loss) and "ENV HOOK" (where 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import glob
 import json
@@ -31,6 +32,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -107,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     algo.add_argument("--entropy_coeff", type=float, default=0.003, help="entropy bonus weight")
     algo.add_argument("--normalize_advantage", action=argparse.BooleanOptionalAction, default=True,
                       help="normalise advantages to zero mean, unit std per batch")
+    algo.add_argument("--normalize_returns", action=argparse.BooleanOptionalAction, default=True,
+                      help="the value head predicts returns scaled by their running mean and std, "
+                           "so the critic sees unit-scale targets whatever the reward scale")
     algo.add_argument("--max_policy_lag", type=int, default=100,
                       help="drop transitions made by a policy more than this many SGD steps old")
 
@@ -131,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--learner_threads", type=int, default=1, help="torch threads of the learner")
     system.add_argument("--policy_worker_threads", type=int, default=1,
                         help="torch threads of each policy worker")
+    system.add_argument("--env_step_timeout", type=float, default=60.0,
+                        help="seconds a rollout or policy worker may go without progress (a hung env) "
+                             "before it is killed and restarted")
+    system.add_argument("--max_restarts", type=int, default=10,
+                        help="worker restarts allowed within 10 minutes; one more stops the run")
     return parser
 
 
@@ -160,9 +170,11 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
         if getattr(cfg, flag) <= 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
     for flag in ["learning_rate", "save_every_sec", "report_every_sec", "train_for_seconds",
-                 "ppo_clip_ratio", "adam_eps"]:
+                 "ppo_clip_ratio", "adam_eps", "env_step_timeout"]:
         if not getattr(cfg, flag) > 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
+    if cfg.max_restarts < 0:
+        errors.append(f"--max_restarts must be 0 or more, got {cfg.max_restarts}")
     if not 0 < cfg.gamma <= 1:
         errors.append(f"--gamma must be in (0, 1], got {cfg.gamma}")
     if errors:
@@ -215,7 +227,7 @@ class RunningNormalizer(nn.Module):
     changes (a static background) reads as zero and what moves stands out. Its statistics are
     buffers: they travel with the weights to the policy workers and into checkpoints."""
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 5.0):
+    def __init__(self, shape: tuple[int, ...] = (), clip: float = 5.0):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape))
         self.register_buffer("var", torch.ones(shape))
@@ -226,6 +238,8 @@ class RunningNormalizer(nn.Module):
     def update(self, batch: torch.Tensor):
         """Merges the statistics of `batch` [N, *shape] (Chan et al.'s parallel formula)."""
         batch = batch.float()
+        if batch.shape[0] == 0 or not torch.isfinite(batch).all():  # a NaN would poison it for good
+            return
         batch_mean, batch_var, n = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
         total = self.count + n
         delta = batch_mean - self.mean
@@ -235,6 +249,9 @@ class RunningNormalizer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ((x - self.mean) / torch.sqrt(self.var + 1e-5)).clamp(-self.clip, self.clip)
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sqrt(self.var + 1e-5) + self.mean
 
 
 class ActorCritic(nn.Module):
@@ -254,23 +271,25 @@ class ActorCritic(nn.Module):
         for key, (shape, _) in obs_shapes(obs_space).items():
             if len(shape) == 3:
                 self.encoders[key] = nn.Sequential(
-                    nn.Conv2d(shape[0], 32, 8, stride=4), nn.ReLU(),
-                    nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                    nn.Conv2d(64, 128, 3, stride=2), nn.ReLU(),
+                    nn.Conv2d(shape[0], 32, 8, stride=4), nn.ELU(),
+                    nn.Conv2d(32, 64, 4, stride=2), nn.ELU(),
+                    nn.Conv2d(64, 128, 3, stride=2), nn.ELU(),
                     nn.Flatten(),
                 )
                 with torch.no_grad():
                     features += self.encoders[key](torch.zeros(1, *shape)).shape[1]
             elif len(shape) == 1:
-                self.encoders[key] = nn.Sequential(nn.Linear(shape[0], 128), nn.ReLU(),
-                                                   nn.Linear(128, 128), nn.ReLU())
+                self.encoders[key] = nn.Sequential(nn.Linear(shape[0], 128), nn.ELU(),
+                                                   nn.Linear(128, 128), nn.ELU())
                 features += 128
             else:
                 raise ValueError(f"observation '{key}' of shape {shape}: expected an image (C, H, W) or a vector")
-        self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), nn.ReLU())
+        self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), nn.ELU())
         self.normalize_input = cfg.normalize_input
         self.obs_normalizers = nn.ModuleDict({key: RunningNormalizer(shape)
                                               for key, (shape, _) in obs_shapes(obs_space).items()})
+        self.normalize_returns = cfg.normalize_returns
+        self.returns_normalizer = RunningNormalizer()
         if cfg.rnn_type == "gru":
             self.core = nn.GRUCell(cfg.hidden_size, cfg.hidden_size)
         elif cfg.rnn_type == "lstm":
@@ -280,13 +299,15 @@ class ActorCritic(nn.Module):
         self.initialize()
 
     def initialize(self):
-        """Orthogonal weights, zero biases; a near-uniform first policy (small policy head)."""
+        """Orthogonal weights with gain 1 and zero biases everywhere, heads included.
+
+        A tiny policy head (gain 0.01, common in PPO code) starves the encoder and the RNN of
+        policy gradient early on: on doom_basic it delayed learning by a few hundred thousand frames.
+        """
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
-                nn.init.orthogonal_(module.weight, gain=nn.init.calculate_gain("relu"))
+                nn.init.orthogonal_(module.weight, gain=1.0)
                 nn.init.zeros_(module.bias)
-        nn.init.orthogonal_(self.policy_head.weight, gain=0.01)
-        nn.init.orthogonal_(self.value_head.weight, gain=1.0)
 
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         features = []
@@ -299,12 +320,22 @@ class ActorCritic(nn.Module):
             features.append(encoder(x))
         return self.fc(torch.cat(features, dim=1))
 
-    def update_normalizers(self, obs: dict[str, torch.Tensor]):
-        """Learner only: fold a batch [N, ...] of observations into the input statistics."""
+    def update_normalizers(self, obs: dict[str, torch.Tensor], max_samples: int = 2048):
+        """Learner only: fold a batch [N, ...] of observations into the input statistics.
+
+        A random subset of `max_samples` rows estimates the statistics as well as the whole batch
+        does, at a fraction of the learner's time (a batch of Doom frames is ~0.5 G values).
+        """
         if self.normalize_input:
             for key, normalizer in self.obs_normalizers.items():
-                x = obs[key].float()
-                normalizer.update(x / 255.0 if obs[key].dtype == torch.uint8 else x)
+                x = obs[key]
+                if x.shape[0] > max_samples:
+                    x = x[torch.randint(x.shape[0], (max_samples,), device=x.device)]
+                normalizer.update(x.float() / 255.0 if x.dtype == torch.uint8 else x.float())
+
+    def values_to_returns(self, values: torch.Tensor) -> torch.Tensor:
+        """The value head's output in return units (it predicts normalised returns if asked to)."""
+        return self.returns_normalizer.denormalize(values) if self.normalize_returns else values
 
     def core_step(self, features: torch.Tensor, rnn_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.rnn_type == "gru":
@@ -429,6 +460,8 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first).
 
     Step T holds only the bootstrap observation. Returns (loss, stats dict of floats).
+    With --normalize_returns, targets and advantages are computed in return units, and in
+    training mode (like BatchNorm) the targets update the running return statistics.
     """
     head_sizes = model.head_sizes
     obs = {key: batch[key] for key in model.encoders}
@@ -443,13 +476,20 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
 
     with torch.no_grad():
         if cfg.with_vtrace:
-            vs, _ = vtrace(log_probs - behaviour_log_probs, discounts, rewards, values[:-1], values[-1],
+            returns = model.values_to_returns(values)
+            vs, _ = vtrace(log_probs - behaviour_log_probs, discounts, rewards, returns[:-1], returns[-1],
                            cfg.vtrace_rho, cfg.vtrace_c)
-            next_vs = torch.cat([vs[1:], values[-1:]])
-            advantages = rewards + discounts * next_vs - values[:-1]
+            next_vs = torch.cat([vs[1:], returns[-1:]])
+            advantages = rewards + discounts * next_vs - returns[:-1]
             targets = vs
         else:
-            targets, advantages = gae(rewards, batch["value"][:-1], discounts, batch["value"][-1], cfg.gae_lambda)
+            behaviour_returns = model.values_to_returns(batch["value"])
+            targets, advantages = gae(rewards, behaviour_returns[:-1], discounts, behaviour_returns[-1],
+                                      cfg.gae_lambda)
+        if model.normalize_returns:
+            if model.training:
+                model.returns_normalizer.update(targets[mask > 0])
+            targets = model.returns_normalizer(targets)
         if cfg.normalize_advantage:
             mean = masked_mean(advantages, mask)
             std = masked_mean((advantages - mean) ** 2, mask).sqrt()
@@ -463,7 +503,7 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
         "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": critic_loss.item(),
         "entropy": entropy.item(), "valid_fraction": mask.mean().item(),
         "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask).item(),
-        "value_mean": masked_mean(values[:-1], mask).item(),
+        "value_mean": masked_mean(model.values_to_returns(values[:-1].detach()), mask).item(),
         "lag_min": lag.min().item(), "lag_avg": lag.float().mean().item(), "lag_max": lag.max().item(),
     }
     return loss, stats
@@ -591,7 +631,8 @@ class RunState:
 
     def __init__(self, num_workers: int, num_policies: int, num_processes: int):
         self.sizes = {"stop": 1, "worker_frames": num_workers, "heartbeat": num_processes,
-                      "learner_frames": num_policies, "learner_version": num_policies}
+                      "learner_frames": num_policies, "learner_version": num_policies,
+                      "resend_epoch": 1}  # bumped after a policy worker restart: re-send requests
         self.buffer = appo_ipc.SharedBuffer(8 * sum(self.sizes.values()))
         self._make_views()
 
@@ -632,11 +673,23 @@ def learner_owner(cfg, policy_id: int) -> int:
     return cfg.num_workers + policy_id
 
 
-def child_process_setup(threads: int = 1):
-    """Every child: die with the parent, leave Ctrl-C to the runner, few threads."""
+def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
+    """Every child: a name that `ps`/`top` show (appo-<role>), die with the parent, leave Ctrl-C
+    to the runner, few threads.
+
+    A process that owns envs gets its own process group, so that the runner can kill it together
+    with the env processes it started (VizDoom runs one per env), and it hears of the runner's
+    death as SIGTERM, which it turns into a normal exit that closes its envs.
+    """
+    death_signal = signal.SIGKILL
+    if owns_envs:
+        os.setpgid(0, 0)
+        death_signal = signal.SIGTERM
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills us when the runner dies
+        libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG: the kernel signals us when the runner dies
+        libc.prctl(15, f"appo-{role}".encode()[:15])  # PR_SET_NAME
     except OSError:
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -678,15 +731,14 @@ def agent_lists(num_agents: int, obs, reward, terminated, truncated, info):
 
 
 class RolloutWorker:
-    def __init__(self, worker_id: int, cfg, shared: Shared):
-        self.worker_id, self.cfg, self.shared = worker_id, cfg, shared
+    def __init__(self, worker_id: int, process_index: int, cfg, shared: Shared):
+        self.worker_id, self.process_index, self.cfg, self.shared = worker_id, process_index, cfg, shared
         self.slots, self.arrays = shared.slots, shared.slots.arrays
         self.envs, self.actors = [], []
         self.rng = random.Random((cfg.seed or 0) * 1000 + worker_id)
         envs_per_split = cfg.num_envs_per_worker // cfg.worker_num_splits
         for i in range(cfg.num_envs_per_worker):
-            env_index = worker_id * cfg.num_envs_per_worker + i
-            env = envs.create_env(cfg.env, cfg, env_index=env_index)  # ENV HOOK
+            env = self.make_env(i)
             self.envs.append(env)
             for agent in range(envs.get_num_agents(env)):
                 self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies)))
@@ -698,6 +750,30 @@ class RolloutWorker:
         self.action_space = self.envs[0].action_space
         self.obs_keys = list(obs_shapes(self.envs[0].observation_space))
         self.stats = {"env_step_s": 0.0, "wait_s": 0.0}
+        self.resend_epoch = int(shared.run.resend_epoch[0])
+
+    def make_env(self, env_id: int):
+        self.shared.run.beat(self.process_index)  # env creation can be slow (DMLab compiles levels)
+        env_index = self.worker_id * self.cfg.num_envs_per_worker + env_id
+        return envs.create_env(self.cfg.env, self.cfg, env_index=env_index)  # ENV HOOK
+
+    def replace_env(self, env_id: int, env_actors: list[Actor], error: Exception):
+        """A failed env is closed and made again; its actors restart their slots from step 0, so the
+        partial trajectories (and whatever the env returned before failing) never reach the learner."""
+        print(f"warning: rollout worker {self.worker_id}: env {env_id} failed ({type(error).__name__}: "
+              f"{error}); recreating it", flush=True)
+        self.shared.stats_queue.put({"type": "env_fault", "worker": self.worker_id})
+        try:
+            self.envs[env_id].close()
+        except Exception:  # a crashed env often fails to close too; its process is gone anyway
+            pass
+        self.envs[env_id] = self.make_env(env_id)
+        obs, _ = self.envs[env_id].reset()
+        obs = [obs] if len(env_actors) == 1 else list(obs)
+        for actor in env_actors:
+            actor.step = 0
+            self.write_obs(actor, obs[actor.agent])
+            self.arrays["rnn_state"][actor.slot, 0] = 0.0
 
     def write_obs(self, actor: Actor, obs):
         if len(self.obs_keys) == 1 and not isinstance(obs, dict):
@@ -711,6 +787,7 @@ class RolloutWorker:
         while slot is None:
             if self.shared.run.should_stop():
                 return False
+            self.shared.run.beat(self.process_index)  # waiting for a slow learner is not a hang
             slot = self.slots.control.acquire(self.worker_id, timeout=0.5)
         actor.slot, actor.step = slot, 0
         self.arrays["valid"][slot] = 1.0
@@ -754,11 +831,15 @@ class RolloutWorker:
         for env_id, env_actors in self.split_envs[split]:
             env = self.envs[env_id]
             actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
-            result = env.step(actions[0] if len(env_actors) == 1 else actions)
-            obs, rewards, dones, infos = agent_lists(len(env_actors), *result)
-            if all(dones):
-                obs, _ = env.reset()
-                obs = [obs] if len(env_actors) == 1 else list(obs)
+            try:
+                obs, rewards, dones, infos = agent_lists(len(env_actors), *env.step(
+                    actions[0] if len(env_actors) == 1 else actions))
+                if all(dones):
+                    obs, _ = env.reset()
+                    obs = [obs] if len(env_actors) == 1 else list(obs)
+            except Exception as error:
+                self.replace_env(env_id, env_actors, error)
+                continue
             frames += self.cfg.env_frameskip
             for actor in env_actors:
                 self.record_step(actor, obs[actor.agent], rewards[actor.agent], dones[actor.agent], infos[actor.agent])
@@ -780,7 +861,7 @@ class RolloutWorker:
                                          "true_return": float(info["true_return"]),
                                          "true_length": int(info["true_length"])})
 
-    def run(self, process_index: int):
+    def run(self):
         parent = os.getppid()
         if not self.reset_all():
             return
@@ -788,7 +869,8 @@ class RolloutWorker:
             self.request_actions(split)
         last_report = time.monotonic()
         while not self.shared.run.should_stop() and parent_alive(parent):
-            self.shared.run.beat(process_index)
+            self.shared.run.beat(self.process_index)
+            self.resend_lost_requests()
             wait_start = time.perf_counter()
             split = self.slots.control.wait_any(self.worker_id, timeout=0.5)
             self.stats["wait_s"] += time.perf_counter() - wait_start
@@ -802,20 +884,36 @@ class RolloutWorker:
                 self.stats = {key: 0.0 for key in self.stats}
                 last_report = time.monotonic()
 
+    def resend_lost_requests(self):
+        """After a policy worker restart the requests it had taken are lost: ask again for every
+        split still waiting (the runner emptied the request queues first, so none is answered twice)."""
+        epoch = int(self.shared.run.resend_epoch[0])
+        if epoch == self.resend_epoch:
+            return
+        self.resend_epoch = epoch
+        for split in range(self.cfg.worker_num_splits):
+            if self.slots.control.pending(self.worker_id, split) > 0:
+                self.request_actions(split)
+
     def close(self):
         for env in self.envs:
-            env.close()
+            try:
+                env.close()
+            except Exception as error:
+                print(f"warning: rollout worker {self.worker_id}: closing an env failed: {error}", flush=True)
 
 
 def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared):
-    child_process_setup()
-    worker = RolloutWorker(worker_id, cfg, shared)
+    child_process_setup("rollout", owns_envs=True)
+    worker = None
     try:
-        worker.run(process_index)
+        worker = RolloutWorker(worker_id, process_index, cfg, shared)
+        worker.run()
     except appo_ipc.Closed:
         pass
     finally:
-        worker.close()
+        if worker is not None:
+            worker.close()
 
 
 # =============================================================================================
@@ -823,7 +921,7 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
 # =============================================================================================
 
 def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
-    child_process_setup(cfg.policy_worker_threads)
+    child_process_setup("policy", cfg.policy_worker_threads)
     parent = os.getppid()
     device = torch.device(cfg.device)
     model = ActorCritic(*spaces_pair, cfg).to(device).eval()
@@ -844,6 +942,10 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
         try:
             batch = requests.get_many(timeout=0.5)
         except queue.Empty:
+            continue
+        # a rollout worker that died after asking no longer owns its slots (the runner reclaimed them)
+        batch = [request for request in batch if control.owner(request[2]) == request[0]]
+        if not batch:
             continue
         start = time.perf_counter()
         index = torch.as_tensor(batch, dtype=torch.long)
@@ -883,24 +985,70 @@ def save_checkpoint(cfg, policy_id: int, state: dict) -> str:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"checkpoint_{state['policy_version']:09d}_{state['env_frames']}.pth")
     temporary = path + ".tmp"
-    with open(temporary, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:  # e.g. a full disk: drop the partial file, the older checkpoints stay
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(error, Exception) and not isinstance(error, OSError):
+            # torch.save reports a full disk as a RuntimeError from its zip writer
+            raise OSError(f"could not write {temporary}: {error}") from error
+        raise
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a power cut
+    finally:
+        os.close(directory)
     for old in sorted(glob.glob(os.path.join(folder, "checkpoint_*.pth")))[:-cfg.keep_checkpoints]:
         os.remove(old)
     return path
 
 
-def load_latest_checkpoint(cfg, policy_id: int) -> dict | None:
-    """The newest checkpoint that loads; older ones are tried when the newest is damaged."""
-    for path in sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")), reverse=True):
+class CheckpointError(RuntimeError):
+    pass
+
+
+def load_latest_checkpoint(cfg, policy_id: int, quiet: bool = False) -> dict | None:
+    """The newest checkpoint that loads; older ones are tried when the newest is damaged.
+
+    None when there is none; CheckpointError when there are some but none loads (starting afresh
+    would silently throw the training away).
+    """
+    paths = sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")), reverse=True)
+    for path in paths:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # a truncated or corrupt file: fall back to the one before
-            print(f"warning: skipping unreadable checkpoint {path}: {error}", flush=True)
+            if not quiet:
+                print(f"warning: skipping unreadable checkpoint {path}: {str(error).splitlines()[0]}", flush=True)
+    if paths:
+        raise CheckpointError(f"none of the {len(paths)} checkpoints in {checkpoint_dir(cfg, policy_id)} can be "
+                              "read: move them away to start afresh, or use another --experiment")
     return None
+
+
+def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
+    """Why `state_dict` cannot load into `model` (keys and shapes), or None if it can."""
+    expected = model.state_dict()
+    missing = [key for key in expected if key not in state_dict]
+    unexpected = [key for key in state_dict if key not in expected]
+    reshaped = [f"{key} {tuple(state_dict[key].shape)} vs {tuple(value.shape)}" for key, value in expected.items()
+                if key in state_dict and tuple(state_dict[key].shape) != tuple(value.shape)]
+    problems = [f"{label}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
+                for label, keys in [("missing keys", missing), ("unexpected keys", unexpected),
+                                    ("shape mismatches (checkpoint vs model)", reshaped)] if keys]
+    return "; ".join(problems) or None
+
+
+MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
 
 
 class Learner:
@@ -911,7 +1059,7 @@ class Learner:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
         self.policy_version, self.env_frames = 0, 0
-        checkpoint = load_latest_checkpoint(cfg, policy_id)
+        checkpoint = load_latest_checkpoint(cfg, policy_id, quiet=True)  # the runner has warned already
         if checkpoint is not None:
             self.model.load_state_dict(checkpoint["model"])
             self.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -920,6 +1068,7 @@ class Learner:
                   f"{self.env_frames:,} env frames", flush=True)
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = cfg.batch_size // cfg.rollout
+        self.skipped_steps, self.nonfinite_in_a_row = 0, 0
 
     def batcher(self):
         """Background thread: collects finished slots, copies them out, frees them, queues the batch."""
@@ -954,14 +1103,32 @@ class Learner:
             loss, stats = appo_loss(self.model, batch, self.policy_version, self.cfg)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            stats["grad_norm"] = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm).item()
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            stats["grad_norm"] = grad_norm.item()
+            if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+                self.skip_nonfinite_step(stats)
+                break
+            self.nonfinite_in_a_row = 0
             self.optimizer.step()
+        stats["skipped_steps"] = self.skipped_steps
         self.policy_version += 1
         self.env_frames += self.cfg.batch_size * self.cfg.env_frameskip
         self.shared.weights[self.policy_id].publish(self.model, self.policy_version)
         self.shared.run.learner_frames[self.policy_id] = self.env_frames
         self.shared.run.learner_version[self.policy_id] = self.policy_version
         return stats
+
+    def skip_nonfinite_step(self, stats: dict):
+        """A NaN or Inf loss or gradient: leave the weights as they are; stop after too many in a row."""
+        self.skipped_steps += 1
+        self.nonfinite_in_a_row += 1
+        if self.nonfinite_in_a_row >= MAX_NONFINITE_STEPS:
+            raise NonFiniteLoss(
+                f"learner {self.policy_id}: {self.nonfinite_in_a_row} steps in a row had a non-finite loss "
+                f"(last: loss {stats['loss']}, value loss {stats['value_loss']}, grad norm {stats['grad_norm']}). "
+                "Likely causes: NaN or Inf in the env's rewards or observations, rewards too large for the "
+                "critic (scale them down), or a learning rate too high. The last checkpoint has the last "
+                "good weights.")
 
     def checkpoint_state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -998,8 +1165,12 @@ class Learner:
 
 
 def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
-    child_process_setup(cfg.learner_threads)
-    Learner(policy_id, cfg, shared, spaces_pair).run(process_index)
+    child_process_setup("learner", cfg.learner_threads)
+    try:
+        Learner(policy_id, cfg, shared, spaces_pair).run(process_index)
+    except NonFiniteLoss as error:
+        print(f"error: {error}", flush=True)
+        sys.exit(3)
 
 
 # =============================================================================================
@@ -1016,6 +1187,7 @@ class Stats:
         self.learner = [{} for _ in range(num_policies)]
         self.timing = {"rollout": {}, "inference": {}}
         self.num_episodes = 0
+        self.env_faults, self.restarts, self.skipped_steps = 0, 0, 0
 
     def consume(self, message: dict):
         kind = message.pop("type")
@@ -1025,6 +1197,8 @@ class Stats:
             self.num_episodes += 1
         elif kind == "learner":
             self.learner[message["policy_id"]] = message
+        elif kind == "env_fault":
+            self.env_faults += 1
         elif kind == "timing":
             component = self.timing[message.pop("component")]
             for key, value in message.items():
@@ -1040,23 +1214,130 @@ class Stats:
         return 0.0
 
 
-def spawn_processes(cfg, shared: Shared, spaces_pair, context) -> list[tuple[str, multiprocessing.Process]]:
-    processes, index = [], 0
+@dataclass
+class Child:
+    """One process the runner started, and what it takes to start it again."""
+    name: str
+    kind: str                  # "learner", "policy worker" or "rollout worker"
+    index: int                 # its heartbeat entry
+    target: Callable
+    args: tuple
+    worker_id: int = -1        # rollout workers: the owner id of their slots
+    process: multiprocessing.Process | None = None
+
+    def start(self, context, run: RunState):
+        run.heartbeat[self.index] = time.monotonic_ns()  # its silence counts from now
+        self.process = context.Process(target=self.target, args=self.args, daemon=True)
+        self.process.start()
+
+
+def make_children(cfg, shared: Shared, spaces_pair) -> list[Child]:
+    children, index = [], 0
     for policy_id in range(cfg.num_policies):
-        processes.append((f"learner {policy_id}", context.Process(
-            target=learner_main, args=(policy_id, index, cfg, shared, spaces_pair), daemon=True)))
+        children.append(Child(f"learner {policy_id}", "learner", index, learner_main,
+                              (policy_id, index, cfg, shared, spaces_pair)))
         index += 1
         for _ in range(cfg.policy_workers_per_policy):
-            processes.append((f"policy worker {index} (policy {policy_id})", context.Process(
-                target=policy_worker_main, args=(policy_id, index, cfg, shared, spaces_pair), daemon=True)))
+            children.append(Child(f"policy worker {index} (policy {policy_id})", "policy worker", index,
+                                  policy_worker_main, (policy_id, index, cfg, shared, spaces_pair)))
             index += 1
     for worker_id in range(cfg.num_workers):
-        processes.append((f"rollout worker {worker_id}", context.Process(
-            target=rollout_worker_main, args=(worker_id, index, cfg, shared), daemon=True)))
+        children.append(Child(f"rollout worker {worker_id}", "rollout worker", index, rollout_worker_main,
+                              (worker_id, index, cfg, shared), worker_id=worker_id))
         index += 1
-    for _, process in processes:
-        process.start()
-    return processes
+    return children
+
+
+def process_group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                members.append(int(entry))
+    return members
+
+
+def kill_process_group(pgid: int):
+    """SIGKILLs a rollout worker with every env process it started, then removes the shared
+    memory files those env processes would have removed had they exited normally."""
+    members = process_group_members(pgid)
+    if not members:
+        return
+    leftovers = envs.shared_memory_of(members)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 5.0
+    while process_group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # exiting processes need a moment to leave the process table
+    for path in leftovers:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def stop_child(child: Child):
+    """Ends one child for good, whatever state it is in."""
+    if child.kind == "rollout worker":
+        kill_process_group(child.process.pid)
+    elif child.process.is_alive():
+        child.process.kill()
+    child.process.join(timeout=5.0)
+
+
+class Supervisor:
+    """Restarts dead or silent workers; says why the run must stop when that is the answer."""
+
+    RESTART_WINDOW_S = 600.0
+
+    def __init__(self, cfg, shared: Shared, children: list[Child], context):
+        self.cfg, self.shared, self.children, self.context = cfg, shared, children, context
+        self.recent_restarts: deque = deque()
+        self.num_restarts = 0
+
+    def start_all(self):
+        for child in self.children:
+            child.start(self.context, self.shared.run)
+
+    def check(self) -> str | None:
+        """One look at every child: None while training can go on, else the reason to stop."""
+        now_ns = time.monotonic_ns()
+        for child in self.children:
+            if child.process.is_alive():
+                silent_s = (now_ns - int(self.shared.run.heartbeat[child.index])) / 1e9
+                if child.kind == "learner" or silent_s < self.cfg.env_step_timeout:
+                    continue
+                problem = f"sent no heartbeat for {silent_s:.0f} s (--env_step_timeout {self.cfg.env_step_timeout:g})"
+            else:
+                problem = f"died (exit code {child.process.exitcode})"
+            if child.kind == "learner":
+                return f"{child.name} {problem}; its last checkpoint is in {checkpoint_dir(self.cfg, child.args[0])}"
+            now = time.monotonic()
+            self.recent_restarts.append(now)
+            while self.recent_restarts[0] < now - self.RESTART_WINDOW_S:
+                self.recent_restarts.popleft()
+            if len(self.recent_restarts) > self.cfg.max_restarts:
+                return (f"{child.name} {problem}: more than --max_restarts {self.cfg.max_restarts} restarts in "
+                        f"{self.RESTART_WINDOW_S / 60:.0f} minutes, giving up (see the warnings above for causes)")
+            print(f"warning: {child.name} {problem}; restarting it", flush=True)
+            self.restart(child)
+        return None
+
+    def restart(self, child: Child):
+        stop_child(child)
+        if child.kind == "rollout worker":
+            self.shared.slots.control.reclaim(child.worker_id)
+        else:  # the requests it had taken are lost: empty the queues, then every worker asks again
+            for request_queue in self.shared.request_queues:
+                drain(request_queue)
+            self.shared.run.resend_epoch[0] += 1
+        child.start(self.context, self.shared.run)
+        self.num_restarts += 1
 
 
 def probe_env(cfg):
@@ -1084,6 +1365,10 @@ def create_shared(cfg, model: ActorCritic, spaces_pair, num_agents: int) -> Shar
         shared_weights = SharedWeights(model)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
         if checkpoint is not None:  # policy workers act with the resumed weights from the start
+            mismatch = checkpoint_mismatch(model, checkpoint["model"])
+            if mismatch:
+                raise CheckpointError(f"the checkpoint in {checkpoint_dir(cfg, policy_id)} was made by a different "
+                                      f"model ({mismatch}): use another --experiment or the flags it was trained with")
             model.load_state_dict(checkpoint["model"])
             shared_weights.publish(model, checkpoint["policy_version"])
         weights.append(shared_weights)
@@ -1114,12 +1399,17 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     total = sum(timing["rollout"].get(k, 0.0) for k in ("env_step_s", "wait_s"))
     if total > 0:
         parts.append(f"rollout env {timing['rollout']['env_step_s'] / total:.0%} wait {timing['rollout']['wait_s'] / total:.0%}")
+    skipped = sum(learner.get("skipped_steps", 0) for learner in stats.learner)
+    if stats.env_faults or stats.restarts or skipped:
+        parts.append(f"faults: env {stats.env_faults} restarts {stats.restarts} skipped steps {skipped}")
     return " | ".join(parts)
 
 
 def write_summaries(writer, cfg, stats: Stats, shared: Shared):
     frames = int(shared.run.worker_frames.sum())
     writer.add_scalar("perf/fps", stats.fps(60), frames)
+    writer.add_scalar("perf/env_faults", stats.env_faults, frames)
+    writer.add_scalar("perf/restarts", stats.restarts, frames)
     for policy_id in range(cfg.num_policies):
         if stats.episode_returns[policy_id]:
             writer.add_scalar(f"p{policy_id}/true_return", float(np.mean(stats.episode_returns[policy_id])), frames)
@@ -1134,7 +1424,8 @@ def experiment_dir(cfg) -> str:
 
 
 # Flags that fix the shape of the model or the data: a resumed experiment must keep them.
-IMMUTABLE_FLAGS = ["env", "hidden_size", "rnn_type", "doom_game_variables", "num_policies", "normalize_input"]
+IMMUTABLE_FLAGS = ["env", "hidden_size", "rnn_type", "doom_game_variables", "num_policies", "normalize_input",
+                   "normalize_returns"]
 
 
 def saved_config_errors(cfg) -> list[str]:
@@ -1163,10 +1454,10 @@ class StopRequested(Exception):
 def train(cfg) -> int:
     """Runs a whole training; returns the process exit code."""
     torch.manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**31))
-    save_config(cfg)
     spaces_pair, num_agents = probe_env(cfg)
     model = ActorCritic(*spaces_pair, cfg)
-    shared = create_shared(cfg, model, spaces_pair, num_agents)
+    shared = create_shared(cfg, model, spaces_pair, num_agents)  # checks the checkpoints, if any
+    save_config(cfg)
     from torch.utils.tensorboard import SummaryWriter
     writer = SummaryWriter(os.path.join(experiment_dir(cfg), "tb"))
     stats, exit_code = Stats(cfg.num_policies), 0
@@ -1176,9 +1467,11 @@ def train(cfg) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    processes = spawn_processes(cfg, shared, spaces_pair, multiprocessing.get_context("spawn"))
+    children = make_children(cfg, shared, spaces_pair)
+    supervisor = Supervisor(cfg, shared, children, multiprocessing.get_context("spawn"))
+    supervisor.start_all()
     start = last_report = time.monotonic()
-    print(f"training {cfg.env} in {experiment_dir(cfg)} with {len(processes)} processes", flush=True)
+    print(f"training {cfg.env} in {experiment_dir(cfg)} with {len(children)} processes", flush=True)
     try:
         while True:
             time.sleep(0.1)
@@ -1186,11 +1479,12 @@ def train(cfg) -> int:
                 stats.consume(message)
             now = time.monotonic()
             stats.frame_history.append((now, int(shared.run.worker_frames.sum())))
-            dead = [name for name, process in processes if not process.is_alive()]
-            if dead:
-                print(f"error: {', '.join(dead)} exited unexpectedly; stopping", flush=True)
+            stop_reason = supervisor.check()
+            if stop_reason:
+                print(f"error: {stop_reason}; stopping", flush=True)
                 exit_code = 1
                 break
+            stats.restarts = supervisor.num_restarts
             if now - last_report >= cfg.report_every_sec:
                 print(status_line(cfg, stats, shared, now - start), flush=True)
                 write_summaries(writer, cfg, stats, shared)
@@ -1202,7 +1496,7 @@ def train(cfg) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        shutdown(shared, processes)
+        shutdown(shared, children)
         print(status_line(cfg, stats, shared, time.monotonic() - start), flush=True)
         write_summaries(writer, cfg, stats, shared)
         writer.close()
@@ -1216,17 +1510,17 @@ def drain(stats_queue: appo_ipc.Queue) -> list[dict]:
         return []
 
 
-def shutdown(shared: Shared, processes, grace_s: float = 8.0):
-    """Asks every process to stop (the learners save a checkpoint), then ends stragglers."""
+def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0):
+    """Asks every process to stop (the learners save a checkpoint), then ends stragglers and
+    whatever env processes a killed rollout worker left behind."""
     shared.run.stop[0] = 1
     deadline = time.monotonic() + grace_s
-    for _, process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for name, process in processes:
-        if process.is_alive():
-            print(f"warning: {name} did not stop in {grace_s:.0f}s; killing it", flush=True)
-            process.kill()
-            process.join()
+    for child in children:
+        child.process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.process.is_alive():
+            print(f"warning: {child.name} did not stop in {grace_s:.0f}s; killing it", flush=True)
+        stop_child(child)
     shared.slots.control.close()
     for q in shared.request_queues + shared.learner_queues + [shared.stats_queue]:
         q.close()
@@ -1239,7 +1533,11 @@ def main(argv: list[str] | None = None) -> int:
         for error in errors:
             print(f"error: {error}", file=sys.stderr)
         return 2
-    return train(cfg)
+    try:
+        return train(cfg)
+    except CheckpointError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -104,6 +104,25 @@ def env_error(name: str) -> str | None:
     return None if problem is None else problem[1]
 
 
+def shared_memory_of(pids: list[int]) -> list[str]:
+    """/dev/shm files that env processes among `pids` created and only remove on a clean exit.
+
+    The trainer kills a failed rollout worker together with its env processes, then unlinks these.
+    VizDoom names its segments after the `+viz_instance_id` on the game process's command line.
+    """
+    paths = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "+viz_instance_id" in args[:-1]:
+            instance_id = args[args.index("+viz_instance_id") + 1]
+            paths += [f"/dev/shm/ViZDoom{kind}{instance_id}" for kind in ("SM", "MQCtr", "MQDoom")]
+    return paths
+
+
 def get_num_agents(env: gym.Env) -> int:
     """Number of agents acting in `env` (1 unless the env says otherwise)."""
     num_agents = getattr(env, "num_agents", None)

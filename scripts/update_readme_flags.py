@@ -1,0 +1,40 @@
+"""Rewrites the flag tables in README.md from appo.py's argparse definitions.
+
+    python scripts/update_readme_flags.py
+
+Run it after adding or changing a flag; tests/test_appo.py checks that every flag is documented.
+"""
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+import appo  # noqa: E402
+
+
+def flag_tables() -> str:
+    lines = ["Every flag, with its default (`python appo.py --help` prints the same):", ""]
+    for group in appo.build_parser()._action_groups:
+        actions = [action for action in group._group_actions if action.dest != "help"]
+        if not actions:
+            continue
+        lines += [f"**{group.title}**", "", "| flag | default | meaning |", "|---|---|---|"]
+        for action in actions:
+            default = "CPU count" if action.dest == "num_workers" else action.default
+            lines.append(f"| `{' / '.join(action.option_strings)}` | {default} | {action.help} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    path = os.path.join(REPO, "README.md")
+    with open(path) as f:
+        text = f.read()
+    start, end = text.index("Every flag, with its default"), text.index("## What it logs")
+    with open(path, "w") as f:
+        f.write(text[:start] + flag_tables() + text[end:])
+    print(f"updated the flag tables in {path}")
+
+
+if __name__ == "__main__":
+    main()

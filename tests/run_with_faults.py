@@ -1,0 +1,94 @@
+"""appo.py with one extra env, `doom_faulty`: the real doom_basic, with a fault injected on request.
+
+    APPO_FAULTS="raise:0:30,crash:1:30" python tests/run_with_faults.py --env doom_faulty ...
+
+Each fault is kind:env_index:step, and fires once, in the first instance of that env (the
+instance the trainer makes to replace it behaves). Kinds:
+  raise  env.step raises RuntimeError
+  crash  the env's VizDoom game process is SIGKILLed, so the next step fails inside VizDoom
+  hang   env.step never returns
+  nan    every reward from then on is NaN
+The env is registered at import time, so the spawned worker processes have it too.
+"""
+import os
+import signal
+import sys
+import time
+
+import gymnasium as gym
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import appo  # noqa: E402
+import env as envs  # noqa: E402
+
+FIRED: set[tuple[str, int]] = set()  # per process: faults already injected
+
+
+def parse_faults(spec: str) -> list[tuple[str, int, int]]:
+    faults = []
+    for item in filter(None, spec.split(",")):
+        kind, env_index, step = item.split(":")
+        faults.append((kind, int(env_index), int(step)))
+    return faults
+
+
+def vizdoom_children() -> list[int]:
+    """VizDoom game processes started by this process."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                is_vizdoom = b"+viz_instance_id" in f.read()
+        except OSError:
+            continue
+        if parent == os.getpid() and is_vizdoom:
+            pids.append(int(entry))
+    return pids
+
+
+class FaultyEnv(gym.Wrapper):
+    def __init__(self, env, env_index: int, faults, game_pids: set[int]):
+        super().__init__(env)
+        self.game_pids = game_pids
+        self.env_index, self.steps = env_index, 0
+        self.faults = [(kind, step) for kind, index, step in faults
+                       if index == env_index and (kind, env_index) not in FIRED]
+        self.nan_rewards = False
+
+    def step(self, action):
+        self.steps += 1
+        for kind, step in self.faults:
+            if self.steps == step and (kind, self.env_index) not in FIRED:
+                FIRED.add((kind, self.env_index))
+                self.inject(kind)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, float("nan") if self.nan_rewards else reward, terminated, truncated, info
+
+    def inject(self, kind: str):
+        if kind == "raise":
+            raise RuntimeError("injected env fault")
+        if kind == "crash":
+            for pid in self.game_pids:
+                os.kill(pid, signal.SIGKILL)
+        elif kind == "hang":
+            while True:
+                time.sleep(1.0)
+        elif kind == "nan":
+            self.nan_rewards = True
+
+
+def make_faulty_env(cfg, env_index, render_mode):
+    before = set(vizdoom_children())
+    env = envs.create_env("doom_basic", cfg, env_index=env_index, render_mode=render_mode)
+    game_pids = set(vizdoom_children()) - before  # the game process this env started
+    return FaultyEnv(env, env_index, parse_faults(os.environ.get("APPO_FAULTS", "")), game_pids)
+
+
+envs.register_env("doom_faulty", make_faulty_env)
+
+if __name__ == "__main__":
+    sys.exit(appo.main())

@@ -1,0 +1,293 @@
+"""Fault injection on real training runs (real VizDoom, real processes, real signals): every fault
+the trainer must survive, and what it must leave behind (nothing) when it stops.
+
+The conftest fixture checks /dev/shm and our child processes after each test; these tests also
+check that no process of the run (tagged through its environment) outlives it.
+"""
+import glob
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+import appo
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+SMALL_RUN = ["--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64",
+             "--hidden_size", "64", "--report_every_sec", "1", "--seed", "1", "--env_frameskip", "4"]
+
+
+def processes_tagged(tag: str) -> list[int]:
+    found = []
+    for environ in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            with open(environ, "rb") as f:
+                if tag.encode() in f.read():
+                    found.append(int(environ.split("/")[2]))
+        except OSError:
+            pass
+    return found
+
+
+def process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class Run:
+    """A training run in a subprocess whose output is read as it comes."""
+
+    def __init__(self, tmp_path, flags, faults: str = "", env: str = "doom_basic"):
+        self.tag = uuid.uuid4().hex
+        self.tmp_path = tmp_path
+        script = os.path.join(TESTS, "run_with_faults.py") if faults else os.path.join(REPO, "appo.py")
+        command = [sys.executable, script, "--env", env, *SMALL_RUN, "--train_dir", str(tmp_path),
+                   "--experiment", "faults", *flags]
+        environment = dict(os.environ, APPO_TEST_TAG=self.tag, APPO_FAULTS=faults)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        env=environment, cwd=tmp_path)
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+        with self.changed:
+            self.changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self.changed:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 90.0, after: int = 0) -> tuple[int, re.Match]:
+        """The first output line from line `after` on that matches `pattern`: (its index, the match)."""
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for index in range(after, len(self.lines)):
+                    match = re.search(pattern, self.lines[index])
+                    if match:
+                        return index, match
+                if self.process.poll() is not None and not self.reader.is_alive():
+                    raise AssertionError(f"run ended before {pattern!r}:\n{self.output_tail()}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no {pattern!r} within {timeout:.0f}s:\n{self.output_tail()}")
+                self.changed.wait(timeout=1.0)
+
+    def wait_for_training(self, after: int = 0, beyond: int = 0) -> int:
+        """Waits for a status line that reports more than `beyond` trained frames; returns its index."""
+        index = after
+        while True:
+            index, match = self.wait_for(r"trained ([\d,]+)", after=index)
+            if int(match.group(1).replace(",", "")) > beyond:
+                return index
+            index += 1
+
+    def output_tail(self) -> str:
+        return "\n".join(self.lines[-40:])
+
+    def children(self, role: str) -> list[int]:
+        return [pid for pid in processes_tagged(self.tag) if process_name(pid) == f"appo-{role}"]
+
+    def finish(self, timeout: float = 120.0) -> int:
+        code = self.process.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return code
+
+    def assert_nothing_left(self, timeout: float = 15.0):
+        deadline = time.monotonic() + timeout
+        while processes_tagged(self.tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_tagged(self.tag) == [], self.output_tail()
+
+    def checkpoints(self) -> list[dict]:
+        paths = sorted(glob.glob(str(self.tmp_path / "faults" / "checkpoint_p0" / "checkpoint_*.pth")))
+        return [torch.load(path, weights_only=True) for path in paths]
+
+
+def trained_frames(line: str) -> int:
+    return int(re.search(r"trained ([\d,]+)", line).group(1).replace(",", ""))
+
+
+@pytest.mark.slow
+def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path):
+    # env 0 lives in rollout worker 0, env 2 in rollout worker 1
+    run = Run(tmp_path, ["--train_for_seconds", "60"], faults="raise:0:20,crash:2:20", env="doom_faulty")
+    try:
+        index, _ = run.wait_for(r"faults: env 2 ")
+        before = trained_frames(run.lines[run.wait_for(r"trained", after=index)[0]])
+        run.wait_for_training(after=index, beyond=before)  # and training goes on
+        run.process.send_signal(signal.SIGTERM)
+        assert run.finish() == 0, run.output_tail()
+    finally:
+        run.process.kill()
+    output = run.output
+    assert "env 0 failed (RuntimeError: injected env fault); recreating it" in output
+    assert re.search(r"rollout worker 1: env 0 failed \(\w+", output)  # the dead game, as VizDoom reports it
+    assert "restarting" not in output  # no worker had to go
+    run.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_a_hung_env_gets_its_worker_killed_and_restarted(tmp_path):
+    run = Run(tmp_path, ["--train_for_seconds", "90", "--env_step_timeout", "4"], faults="hang:0:20",
+              env="doom_faulty")
+    try:
+        index, _ = run.wait_for(r"rollout worker 0 sent no heartbeat for \d+ s .*restarting it")
+        run.wait_for_training(after=index, beyond=trained_frames(run.lines[run.wait_for("trained", after=index)[0]]))
+        run.process.send_signal(signal.SIGTERM)
+        assert run.finish() == 0, run.output_tail()
+    finally:
+        run.process.kill()
+    run.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(tmp_path):
+    run = Run(tmp_path, ["--train_for_seconds", "120"])
+    try:
+        run.wait_for_training()
+        os.kill(run.children("rollout")[0], signal.SIGKILL)
+        os.kill(run.children("policy")[0], signal.SIGKILL)
+        index, _ = run.wait_for(r"policy worker \d+ \(policy 0\) died \(exit code -9\); restarting it")
+        rollout_index, _ = run.wait_for(r"rollout worker \d died \(exit code -9\); restarting it")
+        index = max(index, rollout_index)
+        resumed_at = trained_frames(run.lines[run.wait_for("trained", after=index)[0]])
+        index = run.wait_for_training(after=index, beyond=resumed_at)
+        stop_sent = time.monotonic()
+        run.process.send_signal(signal.SIGTERM)
+        assert run.finish(timeout=30) == 0, run.output_tail()
+        assert time.monotonic() - stop_sent < 12  # every child within the 10 s the issue allows
+    finally:
+        run.process.kill()
+    assert "stop requested: saving and shutting down" in run.output
+    assert run.checkpoints()[-1]["env_frames"] >= trained_frames(run.lines[index])  # the final one
+    run.assert_nothing_left(timeout=1.0)
+
+
+@pytest.mark.slow
+def test_the_learner_dying_stops_the_run_with_its_checkpoint_intact(tmp_path):
+    run = Run(tmp_path, ["--train_for_seconds", "120", "--save_every_sec", "1"])
+    try:
+        run.wait_for_training()
+        deadline = time.monotonic() + 30
+        while not run.checkpoints() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(run.children("learner")[0], signal.SIGKILL)
+        assert run.finish(timeout=30) == 1, run.output_tail()
+    finally:
+        run.process.kill()
+    assert re.search(r"error: learner 0 died \(exit code -9\); its last checkpoint is in .*; stopping", run.output)
+    assert run.checkpoints()[-1]["policy_version"] > 0  # still loads
+    run.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_runner_ends_every_child_and_the_next_run_resumes(tmp_path):
+    run = Run(tmp_path, ["--train_for_seconds", "120", "--save_every_sec", "1"])
+    try:
+        run.wait_for_training()
+        deadline = time.monotonic() + 30
+        while not run.checkpoints() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        run.process.kill()
+        run.finish()
+    finally:
+        run.process.kill()
+    run.assert_nothing_left()  # the rollout workers closed their games; the fixture checks /dev/shm
+    saved_version = run.checkpoints()[-1]["policy_version"]
+
+    second = Run(tmp_path, ["--train_for_seconds", "8"])
+    assert second.finish() == 0, second.output_tail()
+    assert f"resumed from policy version {saved_version}" in second.output
+    second.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_nonfinite_losses_are_skipped_then_stop_the_run_with_a_reason(tmp_path):
+    nan_everywhere = ",".join(f"nan:{env_index}:1" for env_index in range(4))
+    run = Run(tmp_path, ["--train_for_seconds", "120"], faults=nan_everywhere, env="doom_faulty")
+    try:
+        assert run.finish() == 1, run.output_tail()
+    finally:
+        run.process.kill()
+    output = run.output
+    assert f"{appo.MAX_NONFINITE_STEPS} steps in a row had a non-finite loss" in output
+    assert "NaN or Inf in the env's rewards" in output
+    assert "learner 0 died (exit code 3)" in output, run.output_tail()
+    run.assert_nothing_left()
+
+
+def save_with_a_tiny_file_size_limit(train_dir: str, results):
+    """In its own process: the kernel refuses writes past 64 KiB, as on a full disk."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+    cfg = appo.parse_args(["--train_dir", train_dir, "--experiment", "full"])
+    try:
+        appo.save_checkpoint(cfg, 0, {"policy_version": 2, "env_frames": 20, "model": {"w": torch.zeros(1 << 16)}})
+        results.put("saved")
+    except OSError as error:
+        results.put(f"OSError {error.errno}")
+
+
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, spawn):
+    cfg = appo.parse_args(["--train_dir", str(tmp_path), "--experiment", "full"])
+    first = appo.save_checkpoint(cfg, 0, {"policy_version": 1, "env_frames": 10, "model": {"w": torch.ones(4)}})
+    results = spawn.Queue()
+    child = spawn.Process(target=save_with_a_tiny_file_size_limit, args=(str(tmp_path), results))
+    child.start()
+    outcome = results.get(timeout=60)
+    child.join()
+    assert outcome.startswith("OSError"), outcome
+    assert os.listdir(os.path.dirname(first)) == [os.path.basename(first)]  # no partial file left
+    assert torch.equal(appo.load_latest_checkpoint(cfg, 0)["model"]["w"], torch.ones(4))
+
+
+def test_unreadable_checkpoints_stop_the_run_before_it_starts(tmp_path, capsys):
+    cfg = appo.parse_args(["--train_dir", str(tmp_path), "--experiment", "bad"])
+    folder = appo.checkpoint_dir(cfg, 0)
+    os.makedirs(folder)
+    for name in ["checkpoint_000000001_10.pth", "checkpoint_000000002_20.pth"]:
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(b"not a checkpoint")
+    assert appo.main(["--train_dir", str(tmp_path), "--experiment", "bad", "--num_workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 2 checkpoints" in err and "--experiment" in err
+
+
+def test_a_newest_truncated_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+    cfg = appo.parse_args(["--train_dir", str(tmp_path), "--experiment", "trunc"])
+    appo.save_checkpoint(cfg, 0, {"policy_version": 1, "env_frames": 10, "model": {}})
+    newest = appo.save_checkpoint(cfg, 0, {"policy_version": 2, "env_frames": 20, "model": {}})
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 2)
+    assert appo.load_latest_checkpoint(cfg, 0)["policy_version"] == 1
+    assert "skipping unreadable checkpoint" in capsys.readouterr().out
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_keys(tmp_path, capsys):
+    flags = ["--train_dir", str(tmp_path), "--experiment", "other", "--num_workers", "1", "--rnn_type", "gru"]
+    cfg = appo.parse_args(flags)
+    spaces_pair, _ = appo.probe_env(cfg)
+    model = appo.ActorCritic(*spaces_pair, appo.parse_args(flags[:-1] + ["lstm"]))
+    appo.save_checkpoint(cfg, 0, {"policy_version": 1, "env_frames": 10, "model": model.state_dict()})
+    assert appo.main(flags) == 2
+    err = capsys.readouterr().err
+    assert "was made by a different model" in err and "core.weight_hh" in err
