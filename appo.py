@@ -737,11 +737,15 @@ class RolloutWorker:
         self.envs, self.actors = [], []
         self.rng = random.Random((cfg.seed or 0) * 1000 + worker_id)
         envs_per_split = cfg.num_envs_per_worker // cfg.worker_num_splits
-        for i in range(cfg.num_envs_per_worker):
-            env = self.make_env(i)
-            self.envs.append(env)
-            for agent in range(envs.get_num_agents(env)):
-                self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies)))
+        try:
+            for i in range(cfg.num_envs_per_worker):
+                env = self.make_env(i)
+                self.envs.append(env)
+                for agent in range(envs.get_num_agents(env)):
+                    self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies)))
+        except BaseException:  # a failed env or a stop request: close the envs made so far
+            self.close()
+            raise
         self.split_actors = [[a for a in self.actors if a.env_id // envs_per_split == s]
                              for s in range(cfg.worker_num_splits)]
         # per split: (env_id, that env's actors), so the hot loop does no searching
@@ -1503,9 +1507,10 @@ def train(cfg) -> int:
     return exit_code
 
 
-def drain(stats_queue: appo_ipc.Queue) -> list[dict]:
+def drain(ipc_queue: appo_ipc.Queue) -> list:
+    """Every message waiting in `ipc_queue`, without waiting for more."""
     try:
-        return stats_queue.get_many(block=False)
+        return ipc_queue.get_many(block=False)
     except queue.Empty:
         return []
 
