@@ -3,8 +3,8 @@
     python scripts/plot_curves.py train_dir/doom_basic --out docs/doom_basic.png
     python scripts/plot_curves.py train_dir/run_a train_dir/run_b --tag p0/true_return
 
-Needs matplotlib for --out (`pip install -e .[bench]`). Each experiment folder becomes one line (average episode return of its last 100 episodes, the
-unscaled game score, against env frames). The table printed underneath gives, per experiment,
+Needs matplotlib for --out (`pip install -e .[bench]`). Each experiment folder becomes one line
+(average episode return of its last 100 episodes, the unscaled game score, against env frames). The table printed underneath gives, per experiment,
 the frames trained, the wall time, the final average return and the first frame where a
 `--target` return was reached.
 """

@@ -75,6 +75,7 @@ def main(argv=None) -> int:
     reader = threading.Thread(target=read_output, daemon=True)
     reader.start()
     first: dict[int, dict] = {}
+    middle: dict[int, dict] = {}  # halfway: growth after it is what is left once allocators warmed up
     last: dict[int, dict] = {}
     start = time.monotonic()
     while process.poll() is None:
@@ -85,6 +86,8 @@ def main(argv=None) -> int:
                 continue
             if elapsed >= 60 and pid not in first:
                 first[pid] = sample
+            if elapsed >= args.minutes * 30 and pid not in middle:
+                middle[pid] = sample
             last[pid] = sample
         time.sleep(args.sample_sec)
     reader.join(timeout=10)
@@ -93,13 +96,15 @@ def main(argv=None) -> int:
     leftover_shm = sorted(set(os.listdir("/dev/shm")) - shm_before)
 
     print(f"\nexit code {process.returncode}; last status line:\n{next((l for l in reversed(lines) if 'FPS' in l), '')}\n")
-    print("| process | pid | RSS at 1 min (MiB) | RSS at end (MiB) | private anon at 1 min | at end | growth | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| process | pid | RSS at 1 min (MiB) | at end | private anon at 1 min | halfway | at end "
+          "| growth, 1 min to end | growth, second half | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for pid in sorted(first, key=lambda p: (first[p]["name"], p)):
         a, b = first[pid], last[pid]
-        growth = (b["anon"] - a["anon"]) / max(a["anon"], 1)
-        print(f"| {a['name']} | {pid} | {a['rss'] / 1024:.0f} | {b['rss'] / 1024:.0f} | {a['anon'] / 1024:.0f} "
-              f"| {b['anon'] / 1024:.0f} | {growth:+.1%} | {b['peak'] / 1024:.0f} |")
+        m = middle.get(pid, a)
+        print(f"| {a['name']} | {pid} | {a['rss'] / 1024:.0f} | {b['rss'] / 1024:.0f} | {a['anon'] / 1024:.1f} "
+              f"| {m['anon'] / 1024:.1f} | {b['anon'] / 1024:.1f} | {(b['anon'] - a['anon']) / max(a['anon'], 1):+.1%} "
+              f"| {(b['anon'] - m['anon']) / max(m['anon'], 1):+.1%} | {b['peak'] / 1024:.0f} |")
     early = [fps for t, fps in fps_points if 60 <= t < 360]
     late = [fps for t, fps in fps_points if t >= fps_points[-1][0] - 300] if fps_points else []
     if early and late:

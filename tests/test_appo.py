@@ -13,6 +13,7 @@ import torch
 from gymnasium import spaces
 
 import appo
+from conftest import processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -278,18 +279,6 @@ def test_every_flag_has_help():
 
 # ---------------------------------------------------------------------------------------------
 # End to end
-
-def processes_tagged(tag: str) -> list[int]:
-    found = []
-    for environ in glob.glob("/proc/[0-9]*/environ"):
-        try:
-            with open(environ, "rb") as f:
-                if tag.encode() in f.read():
-                    found.append(int(environ.split("/")[2]))
-        except OSError:
-            pass
-    return found
-
 
 def run_appo(tmp_path, tag, seconds):
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",

@@ -19,23 +19,12 @@ import pytest
 import torch
 
 import appo
+from conftest import processes_tagged
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 SMALL_RUN = ["--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64",
              "--hidden_size", "64", "--report_every_sec", "1", "--seed", "1", "--env_frameskip", "4"]
-
-
-def processes_tagged(tag: str) -> list[int]:
-    found = []
-    for environ in glob.glob("/proc/[0-9]*/environ"):
-        try:
-            with open(environ, "rb") as f:
-                if tag.encode() in f.read():
-                    found.append(int(environ.split("/")[2]))
-        except OSError:
-            pass
-    return found
 
 
 def process_name(pid: int) -> str:
@@ -118,8 +107,20 @@ class Run:
         assert processes_tagged(self.tag) == [], self.output_tail()
 
     def checkpoints(self) -> list[dict]:
-        paths = sorted(glob.glob(str(self.tmp_path / "faults" / "checkpoint_p0" / "checkpoint_*.pth")))
-        return [torch.load(path, weights_only=True) for path in paths]
+        """Every checkpoint on disk, oldest first (a live run may delete one while we list them)."""
+        loaded = []
+        for path in sorted(glob.glob(str(self.tmp_path / "faults" / "checkpoint_p0" / "checkpoint_*.pth"))):
+            try:
+                loaded.append(torch.load(path, weights_only=True))
+            except FileNotFoundError:
+                pass
+        return loaded
+
+    def wait_for_checkpoint(self, timeout: float = 30.0):
+        deadline = time.monotonic() + timeout
+        while not self.checkpoints():
+            assert time.monotonic() < deadline, f"no checkpoint within {timeout:.0f}s:\n{self.output_tail()}"
+            time.sleep(0.2)
 
 
 def trained_frames(line: str) -> int:
@@ -152,7 +153,7 @@ def test_a_hung_env_gets_its_worker_killed_and_restarted(tmp_path):
     try:
         index, _ = run.wait_for(r"rollout worker 0 sent no heartbeat for \d+ s .*restarting it")
         run.wait_for_training(after=index, beyond=trained_frames(run.lines[run.wait_for("trained", after=index)[0]]))
-        run.process.send_signal(signal.SIGTERM)
+        run.process.send_signal(signal.SIGINT)  # Ctrl-C: the same clean stop as SIGTERM
         assert run.finish() == 0, run.output_tail()
     finally:
         run.process.kill()
@@ -183,13 +184,25 @@ def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(
 
 
 @pytest.mark.slow
+def test_too_many_restarts_stop_the_run_with_a_message_and_a_checkpoint(tmp_path):
+    run = Run(tmp_path, ["--train_for_seconds", "120", "--max_restarts", "0"])
+    try:
+        run.wait_for_training()
+        os.kill(run.children("rollout")[0], signal.SIGKILL)
+        assert run.finish(timeout=30) == 1, run.output_tail()
+    finally:
+        run.process.kill()
+    assert re.search(r"error: rollout worker \d died \(exit code -9\): more than --max_restarts 0 restarts", run.output)
+    assert run.checkpoints()  # the final one, written on the way out
+    run.assert_nothing_left()
+
+
+@pytest.mark.slow
 def test_the_learner_dying_stops_the_run_with_its_checkpoint_intact(tmp_path):
     run = Run(tmp_path, ["--train_for_seconds", "120", "--save_every_sec", "1"])
     try:
         run.wait_for_training()
-        deadline = time.monotonic() + 30
-        while not run.checkpoints() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        run.wait_for_checkpoint()
         os.kill(run.children("learner")[0], signal.SIGKILL)
         assert run.finish(timeout=30) == 1, run.output_tail()
     finally:
@@ -204,9 +217,7 @@ def test_sigkill_of_the_runner_ends_every_child_and_the_next_run_resumes(tmp_pat
     run = Run(tmp_path, ["--train_for_seconds", "120", "--save_every_sec", "1"])
     try:
         run.wait_for_training()
-        deadline = time.monotonic() + 30
-        while not run.checkpoints() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        run.wait_for_checkpoint()
         run.process.kill()
         run.finish()
     finally:
@@ -291,3 +302,11 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_keys(tmp_path, caps
     assert appo.main(flags) == 2
     err = capsys.readouterr().err
     assert "was made by a different model" in err and "core.weight_hh" in err
+
+
+def test_resuming_with_flags_that_change_the_model_is_refused(tmp_path, capsys):
+    flags = ["--train_dir", str(tmp_path), "--experiment", "resume", "--num_workers", "1"]
+    appo.save_config(appo.parse_args(flags + ["--hidden_size", "64"]))
+    assert appo.main(flags + ["--hidden_size", "128"]) == 2
+    err = capsys.readouterr().err
+    assert "--hidden_size 128 conflicts with 64 saved in" in err and "use another --experiment" in err
