@@ -1073,12 +1073,16 @@ class Learner:
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = cfg.batch_size // cfg.rollout
         self.skipped_steps, self.nonfinite_in_a_row = 0, 0
+        self.batcher_stop = threading.Event()
+
+    def batching(self) -> bool:
+        return not (self.batcher_stop.is_set() or self.shared.run.should_stop())
 
     def batcher(self):
         """Background thread: collects finished slots, copies them out, frees them, queues the batch."""
         slots, learner_queue = self.shared.slots, self.shared.learner_queues[self.policy_id]
         pending = []
-        while not self.shared.run.should_stop():
+        while self.batching():
             try:
                 messages = learner_queue.get_many(max_messages=self.slots_per_batch - len(pending), timeout=0.5)
             except queue.Empty:
@@ -1093,7 +1097,7 @@ class Learner:
             pending = []
             if self.device.type == "cuda":
                 batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
-            while not self.shared.run.should_stop():
+            while self.batching():
                 try:
                     self.batches.put(batch, timeout=0.5)
                     break
@@ -1149,7 +1153,18 @@ class Learner:
         parent = os.getppid()
         self.shared.run.learner_frames[self.policy_id] = self.env_frames
         self.shared.run.learner_version[self.policy_id] = self.policy_version
-        threading.Thread(target=self.batcher, daemon=True).start()
+        batcher = threading.Thread(target=self.batcher, daemon=True)
+        batcher.start()
+        try:
+            self.train_loop(process_index, parent)
+        finally:
+            # The process must not exit while the batcher is inside a torch copy: that aborts
+            # the interpreter ("terminate called without an active exception").
+            self.batcher_stop.set()
+            batcher.join(timeout=10.0)
+        self.save()
+
+    def train_loop(self, process_index: int, parent: int):
         last_save = time.monotonic()
         while not self.shared.run.should_stop() and parent_alive(parent):
             self.shared.run.beat(process_index)
@@ -1165,7 +1180,6 @@ class Learner:
             if time.monotonic() - last_save > self.cfg.save_every_sec:
                 self.save()
                 last_save = time.monotonic()
-        self.save()
 
 
 def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
