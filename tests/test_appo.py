@@ -333,3 +333,46 @@ def test_running_normalizer_matches_the_statistics_of_all_batches_seen():
     torch.testing.assert_close(normalizer.var, everything.var(0, unbiased=False), atol=1e-3, rtol=1e-3)
     normalized = normalizer(everything)
     assert normalized.mean().abs() < 1e-3 and (normalized.std() - 1).abs() < 0.05
+
+
+def test_pixel_statistics_are_taken_in_unit_scale_without_a_float_copy_of_the_batch():
+    pixels = torch.randint(0, 256, (64, 3, 4, 5), dtype=torch.uint8)
+    from_pixels, from_floats = appo.RunningNormalizer((3, 4, 5)), appo.RunningNormalizer((3, 4, 5))
+    from_pixels.update(pixels, scale=1.0 / 255.0)
+    from_floats.update(pixels.float() / 255.0)
+    torch.testing.assert_close(from_pixels.mean, from_floats.mean)
+    torch.testing.assert_close(from_pixels.var, from_floats.var)
+    scaled_in_place = pixels.float()
+    result = from_pixels(scaled_in_place, scale=1.0 / 255.0, inplace=True)
+    assert result.data_ptr() == scaled_in_place.data_ptr()
+    torch.testing.assert_close(result, from_floats(pixels.float() / 255.0))
+
+
+def test_a_nonfinite_float_batch_leaves_the_statistics_alone():
+    normalizer = appo.RunningNormalizer((2,))
+    normalizer.update(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    mean, var = normalizer.mean.clone(), normalizer.var.clone()
+    normalizer.update(torch.tensor([[float("nan"), 1.0]]))
+    assert torch.equal(normalizer.mean, mean) and torch.equal(normalizer.var, var)
+
+
+@pytest.mark.parametrize("normalize_input", [True, False])
+def test_the_model_never_writes_into_the_observations_it_reads(normalize_input):
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg(normalize_input=normalize_input))
+    obs = random_obs(IMAGE_AND_VECTOR, (4,))
+    before = {key: value.clone() for key, value in obs.items()}
+    model(obs, torch.zeros(4, appo.rnn_state_size(small_cfg())))
+    for key in obs:
+        assert torch.equal(obs[key], before[key]), key
+
+
+def test_conv_weights_use_the_channels_last_layout_and_give_the_same_outputs():
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg())
+    conv = model.encoders["obs"][0]
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    obs, state = random_obs(IMAGE_AND_VECTOR, (3,)), torch.zeros(3, 32)
+    logits, values, _ = model(obs, state)
+    model.to(memory_format=torch.contiguous_format)
+    reference_logits, reference_values, _ = model(obs, state)
+    torch.testing.assert_close(logits, reference_logits, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(values, reference_values, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,440 @@
+#!/usr/bin/env python
+"""Training throughput next to what bounds it, all measured in one run on this machine.
+
+For one env and one configuration (workers, envs per worker, splits, batch, rollout) it measures:
+
+  pure sim   the same number of processes stepping the same envs with random actions and no
+             model: the most frames per second the envs can give here
+  ceiling    the cost per sample of an env step, a batched forward pass and the learner's
+             forward+backward, each timed on one core, combined into the FPS that all the cores
+             could deliver if no process ever waited
+  ours       appo.py's steady training FPS: the median of 10-second windows after a warm-up,
+             with how busy each kind of process was and the policy lag
+  sf         Sample Factory 2.1.1 with the same configuration, from its own log (needs
+             --sf_python; scripts/setup_sample_factory.sh makes that interpreter)
+
+and prints a table with the ratios ours/pure sim, ours/ceiling and ours/SF. `--json` prints
+the same figures as JSON; `--sweep 2,4,8` repeats everything for several envs per worker and
+`--plot` draws FPS against the number of envs (the paper's Figure 3). Every leg runs for
+`--seconds` (after `--warmup` for the trainers); `--repeats N` runs each leg N times and reports
+medians. Nothing is left running or in /dev/shm afterwards.
+
+  python scripts/bench_throughput.py --env doom_basic
+  python scripts/bench_throughput.py --env atari_breakout --sf_python .venv-sf/bin/python --repeats 3
+  python scripts/bench_throughput.py --sweep 2,4,8,16 --legs pure,ours --plot docs/fps_vs_envs.png
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import appo  # noqa: E402
+import env as envs  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEGS = ["pure", "ceiling", "ours", "sf"]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--env", default="doom_basic", help="env name, as for appo.py")
+    parser.add_argument("--num_workers", type=int, default=2, help="rollout worker processes")
+    parser.add_argument("--num_envs_per_worker", type=int, default=8, help="envs per rollout worker")
+    parser.add_argument("--worker_num_splits", type=int, default=2, help="env groups per worker")
+    parser.add_argument("--batch_size", type=int, default=512, help="samples per SGD step")
+    parser.add_argument("--rollout", type=int, default=32, help="env steps per trajectory")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds of each leg")
+    parser.add_argument("--warmup", type=float, default=30.0,
+                        help="seconds of training before the trainers' FPS counts")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each leg; the table shows medians")
+    parser.add_argument("--legs", default="pure,ceiling,ours,sf",
+                        help="comma-separated legs to run, from: " + ",".join(LEGS))
+    parser.add_argument("--sf_python", default=None,
+                        help="interpreter of a Sample Factory 2.1.1 environment; without it the sf leg is skipped")
+    parser.add_argument("--sweep", default=None,
+                        help="comma-separated envs-per-worker values: one row per value")
+    parser.add_argument("--plot", default=None, help="PNG of FPS against the number of envs (needs matplotlib)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("trainer_flags", nargs="*",
+                        help="after --: more appo.py flags for our trainer (model flags apply to the ceiling too)")
+    args = parser.parse_args()
+    legs = args.legs.split(",")
+    unknown = [leg for leg in legs if leg not in LEGS]
+    if unknown:
+        parser.error(f"--legs: unknown leg(s) {unknown}; choose from {LEGS}")
+    if "sf" in legs and args.sf_python is None:
+        legs.remove("sf")
+    elif args.sf_python and not os.access(args.sf_python, os.X_OK):
+        parser.error(f"--sf_python {args.sf_python} is not an executable; make one with "
+                     "scripts/setup_sample_factory.sh")
+    args.legs = legs
+    args.envs_per_worker = [int(v) for v in args.sweep.split(",")] if args.sweep else [args.num_envs_per_worker]
+    return args
+
+
+def trainer_config(args, envs_per_worker: int) -> list[str]:
+    """The flags both trainers get for one configuration."""
+    return ["--env", args.env, "--num_workers", str(args.num_workers),
+            "--num_envs_per_worker", str(envs_per_worker), "--worker_num_splits", str(args.worker_num_splits),
+            "--batch_size", str(args.batch_size), "--rollout", str(args.rollout)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure simulation: worker processes stepping envs with random actions
+# ---------------------------------------------------------------------------------------------
+
+def random_actions(env, num_agents: int):
+    if num_agents == 1:
+        return env.action_space.sample()
+    return [env.action_space.sample() for _ in range(num_agents)]
+
+
+def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, start_barrier, results):
+    appo.child_process_setup("pure-sim", owns_envs=True)
+    cfg = appo.parse_args(flags)
+    env_list = []
+    try:
+        for i in range(cfg.num_envs_per_worker):
+            env_list.append(envs.create_env(cfg.env, cfg, env_index=worker_id * cfg.num_envs_per_worker + i))
+        agents = [envs.get_num_agents(env) for env in env_list]
+        for env in env_list:
+            env.reset()
+        start_barrier.wait()
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            for env, num_agents in zip(env_list, agents):
+                _, reward, terminated, truncated, info = env.step(random_actions(env, num_agents))
+                _, _, dones, _ = appo.agent_lists(num_agents, None, reward, terminated, truncated, info)
+                if all(dones):
+                    env.reset()
+                steps += 1
+        results.put(steps * cfg.env_frameskip / (time.perf_counter() - start))
+    finally:
+        for env in env_list:
+            env.close()
+
+
+def measure_pure_sim(flags: list[str], num_workers: int, seconds: float) -> float:
+    context = multiprocessing.get_context("spawn")
+    start_barrier, results = context.Barrier(num_workers + 1), context.Queue()
+    workers = [context.Process(target=pure_sim_worker, args=(flags, worker_id, seconds, start_barrier, results))
+               for worker_id in range(num_workers)]
+    for worker in workers:
+        worker.start()
+    try:
+        start_barrier.wait(timeout=300)  # every env made and reset: the clock starts together
+        return sum(results.get(timeout=seconds + 120) for _ in workers)
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            appo.kill_process_group(worker.pid)  # a no-op unless it hung
+
+
+# ---------------------------------------------------------------------------------------------
+# Compute ceiling: one core's cost per sample of each stage
+# ---------------------------------------------------------------------------------------------
+
+def random_batch(model: appo.ActorCritic, spaces_pair, cfg) -> dict[str, torch.Tensor]:
+    """A learner batch [T+1, B, ...] of random data with the shapes and dtypes of the real one."""
+    specs = appo.rollout_buffer_specs(*spaces_pair, cfg)
+    shape = (cfg.rollout + 1, cfg.batch_size // cfg.rollout)
+    batch = {name: torch.zeros(shape + field_shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
+             for name, (field_shape, dtype) in specs.items()}
+    for key in model.encoders:
+        batch[key] = torch.randint(0, 256, batch[key].shape).to(batch[key].dtype)
+    for head, size in enumerate(model.head_sizes):
+        batch["actions"][..., head] = torch.randint(0, size, shape)
+    batch["log_prob"][:] = -1.0
+    batch["done"][:] = (torch.rand(shape) < 0.01).float()
+    batch["valid"][:] = 1.0
+    return batch
+
+
+def seconds_per_call(function, min_seconds: float, min_calls: int = 3) -> float:
+    function()  # warm-up: first calls allocate
+    calls, start = 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < min_seconds:
+        function()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def measure_env_step(flags: list[str], seconds: float) -> tuple[float, int]:
+    """Seconds per env step on one core (the env's own processes included), and agents per env."""
+    cfg = appo.parse_args(flags)
+    env_list = [envs.create_env(cfg.env, cfg, env_index=i) for i in range(cfg.num_envs_per_worker)]
+    try:
+        num_agents = envs.get_num_agents(env_list[0])
+        for env in env_list:
+            env.reset()
+
+        def step_all():
+            for env in env_list:
+                _, reward, terminated, truncated, info = env.step(random_actions(env, num_agents))
+                if all(appo.agent_lists(num_agents, None, reward, terminated, truncated, info)[2]):
+                    env.reset()
+
+        return seconds_per_call(step_all, seconds) / len(env_list), num_agents
+    finally:
+        for env in env_list:
+            env.close()
+
+
+def measure_ceiling(flags: list[str], seconds: float) -> dict:
+    """Frames per second if every core did nothing but useful work for the trainer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = appo.parse_args(flags)
+        env_s, num_agents = measure_env_step(flags, seconds / 3)
+        spaces_pair, _ = appo.probe_env(cfg)
+        model = appo.ActorCritic(*spaces_pair, cfg).eval()
+        inference_batch = cfg.num_workers * cfg.num_envs_per_worker * num_agents // cfg.worker_num_splits
+        sample_batch = random_batch(model, spaces_pair, cfg)
+        obs = {key: sample_batch[key][0, :1].expand(inference_batch, *sample_batch[key].shape[2:]).contiguous()
+               for key in model.encoders}
+        rnn_state = torch.zeros(inference_batch, appo.rnn_state_size(cfg))
+        inference_s = seconds_per_call(lambda: appo.act(model, obs, rnn_state), seconds / 3) / inference_batch
+        with tempfile.TemporaryDirectory() as train_dir:
+            cfg.train_dir = train_dir  # no checkpoint to resume
+            learner = appo.Learner(0, cfg, None, spaces_pair)
+            learner_s = seconds_per_call(lambda: learner.sgd_step(sample_batch), seconds / 3) / cfg.batch_size
+    finally:
+        torch.set_num_threads(threads)
+    cores = len(os.sched_getaffinity(0))
+    core_s_per_env_step = env_s + num_agents * (inference_s + learner_s)
+    return {"fps": cores / core_s_per_env_step * cfg.env_frameskip, "cores": cores,
+            "env_ms_per_step": env_s * 1e3, "inference_ms_per_sample": inference_s * 1e3,
+            "learner_ms_per_sample": learner_s * 1e3}
+
+
+# ---------------------------------------------------------------------------------------------
+# Trainers: ours and Sample Factory, each read from its own log lines
+# ---------------------------------------------------------------------------------------------
+
+def run_logged(command: list[str], seconds: float, cwd: str) -> list[tuple[float, str]]:
+    """Runs `command` in its own process group for at most `seconds`; returns (time, line) pairs.
+    Whatever the command leaves behind (processes, VizDoom's /dev/shm files) is removed."""
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    lines, start = [], time.monotonic()
+
+    def read_lines():
+        for line in process.stdout:
+            lines.append((time.monotonic() - start, line.rstrip("\n")))
+
+    reader = threading.Thread(target=read_lines, daemon=True)
+    reader.start()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.terminate()  # appo.py saves and stops; Sample Factory needs its group killed
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        appo.kill_process_group(process.pid)
+        process.wait()
+        reader.join(timeout=5)
+    return lines
+
+
+def steady_windows(values: list[float]) -> dict:
+    if not values:
+        return {"fps": None, "windows": 0, "worst_deviation": None}
+    median = statistics.median(values)
+    return {"fps": median, "windows": len(values),
+            "worst_deviation": max(abs(v - median) for v in values) / median if median else None}
+
+
+OURS_STATUS = re.compile(r"\[\s*(\d+)s\] frames [\d,]+ \| FPS 10s/60s/300s ([\d,]+)/")
+OURS_BUSY = re.compile(r"busy env (\d+)% inference (\d+)% learner (\d+)%")
+OURS_LAG = re.compile(r"lag \d+/([\d.]+)/\d+")
+
+
+def measure_ours(args, flags: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as train_dir:
+        command = [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags,
+                   "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", "10",
+                   "--save_every_sec", "1e9", "--train_for_seconds", str(args.warmup + args.seconds)]
+        lines = run_logged(command, args.warmup + args.seconds + 120, cwd=REPO)
+    fps, busy, lags = [], [], []
+    for _, line in lines:
+        status = OURS_STATUS.search(line)
+        if not status or float(status.group(1)) < args.warmup + 10:  # the first window ends 10 s after warm-up
+            continue
+        fps.append(float(status.group(2).replace(",", "")))
+        if OURS_BUSY.search(line):
+            busy.append([float(v) for v in OURS_BUSY.search(line).groups()])
+        if OURS_LAG.search(line):
+            lags.append(float(OURS_LAG.search(line).group(1)))
+    fps = fps[:-1]  # the last line is printed at shutdown, over a part-window
+    result = steady_windows(fps)
+    if not fps:
+        result["log_tail"] = [line for _, line in lines[-15:]]
+    if busy:
+        result["busy_percent"] = dict(zip(["env", "inference", "learner"], np.median(busy, axis=0).tolist()))
+    result["lag_avg"] = statistics.median(lags) if lags else None
+    return result
+
+
+SF_FPS = re.compile(r"Fps is \(10 sec: ([\d.na]+),")
+SF_MODULES = {"doom": "sf_examples.vizdoom.train_vizdoom", "atari": "sf_examples.atari.train_atari"}
+
+
+def sample_factory_command(args, flags: list[str], train_dir: str) -> list[str]:
+    family = args.env.split("_")[0]
+    if family not in SF_MODULES:
+        raise SystemExit(f"error: --sf_python: Sample Factory's launchers cover doom_* and atari_* only, not {args.env}")
+    sf_argv = [*flags, "--device", "cpu", "--train_dir", train_dir, "--experiment", "bench",
+               "--train_for_env_steps", str(10**12), "--with_wandb", "False"]
+    # ale-py 0.9 registers the ALE ids only when imported; Sample Factory's launcher does not import it
+    launcher = ("import sys, runpy\ntry:\n    import ale_py\nexcept ImportError:\n    pass\n"
+                f"sys.argv = {['sf'] + sf_argv!r}\nrunpy.run_module({SF_MODULES[family]!r}, run_name='__main__')")
+    return [args.sf_python, "-c", launcher]
+
+
+def measure_sample_factory(args, flags: list[str]) -> dict:
+    """Sample Factory's `--train_for_seconds` never stops a run: it is bounded by time here."""
+    with tempfile.TemporaryDirectory() as train_dir:
+        lines = run_logged(sample_factory_command(args, flags, train_dir), args.warmup + args.seconds,
+                           cwd=train_dir)
+    first_fps = next((t for t, line in lines if SF_FPS.search(line) and "nan" not in SF_FPS.search(line).group(1)),
+                     None)
+    fps, last_time = [], None
+    for when, line in lines:
+        match = SF_FPS.search(line)
+        if not match or first_fps is None or when < first_fps + args.warmup:
+            continue
+        if last_time is None or when - last_time >= 9.5:  # its 10-second windows, without overlap
+            fps.append(float(match.group(1)))
+            last_time = when
+    result = steady_windows(fps)
+    if not fps:
+        result["log_tail"] = [line for _, line in lines[-15:]]
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# One configuration, the table, the plot
+# ---------------------------------------------------------------------------------------------
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def measure_configuration(args, envs_per_worker: int) -> dict:
+    flags = trainer_config(args, envs_per_worker)
+    runs = {leg: [] for leg in args.legs}
+    for repeat in range(args.repeats):
+        for leg in args.legs:
+            print(f"# {args.env}, {args.num_workers}x{envs_per_worker} envs: {leg} "
+                  f"(run {repeat + 1} of {args.repeats})", file=sys.stderr, flush=True)
+            if leg == "pure":
+                runs[leg].append({"fps": measure_pure_sim(flags, args.num_workers, args.seconds)})
+            elif leg == "ceiling":
+                runs[leg].append(measure_ceiling(flags + args.trainer_flags, args.seconds))
+            elif leg == "ours":
+                runs[leg].append(measure_ours(args, flags))
+            else:
+                runs[leg].append(measure_sample_factory(args, flags))
+            if runs[leg][-1].get("log_tail"):
+                print(f"warning: {leg}: no steady FPS in its log; its last lines:\n  " +
+                      "\n  ".join(runs[leg][-1]["log_tail"]), file=sys.stderr)
+    fps = {leg: median_or_none([run["fps"] for run in runs.get(leg, [])]) for leg in LEGS}
+    result = {"env": args.env, "num_workers": args.num_workers, "num_envs": args.num_workers * envs_per_worker,
+              "pure_sim_fps": fps["pure"], "ceiling_fps": fps["ceiling"], "ours_fps": fps["ours"],
+              "sf_fps": fps["sf"], "runs": runs}
+    for name, baseline in (("pure_sim", "pure"), ("ceiling", "ceiling"), ("sf", "sf")):
+        result[f"ours_over_{name}"] = fps["ours"] / fps[baseline] if fps["ours"] and fps[baseline] else None
+    return result
+
+
+def format_table(results: list[dict]) -> str:
+    def cell(value, ratio=False):
+        if value is None:
+            return "-"
+        return f"{value:.2f}" if ratio else f"{value:,.0f}"
+
+    header = ["env", "envs", "pure sim", "ceiling", "ours", "SF", "ours/pure", "ours/ceiling", "ours/SF"]
+    rows = [[r["env"], str(r["num_envs"]), cell(r["pure_sim_fps"]), cell(r["ceiling_fps"]), cell(r["ours_fps"]),
+             cell(r["sf_fps"]), cell(r["ours_over_pure_sim"], True), cell(r["ours_over_ceiling"], True),
+             cell(r["ours_over_sf"], True)] for r in results]
+    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    lines = [" | ".join(text.rjust(width) for text, width in zip(row, widths)) for row in [header] + rows]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    details = []
+    for r in results:
+        ceiling = r["runs"].get("ceiling", [{}])[-1]
+        if "env_ms_per_step" in ceiling:
+            details.append(f"{r['num_envs']} envs, ceiling on {ceiling['cores']} cores: env step "
+                           f"{ceiling['env_ms_per_step']:.3f} ms, forward {ceiling['inference_ms_per_sample']:.3f} "
+                           f"ms/sample, learner {ceiling['learner_ms_per_sample']:.3f} ms/sample")
+        for leg in ("ours", "sf"):
+            leg_runs = [run for run in r["runs"].get(leg, []) if run.get("fps")]
+            if leg_runs:
+                run = leg_runs[len(leg_runs) // 2]
+                text = (f"{r['num_envs']} envs, {leg}: {run['windows']} windows, worst one "
+                        f"{run['worst_deviation']:.0%} from the median")
+                if run.get("busy_percent"):
+                    text += ", busy " + " ".join(f"{k} {v:.0f}%" for k, v in run["busy_percent"].items())
+                if run.get("lag_avg") is not None:
+                    text += f", policy lag {run['lag_avg']:.1f}"
+                details.append(text)
+    return "\n".join(lines + ["", "FPS = env frames per second (frameskip included); medians over runs."] + details)
+
+
+def plot(results: list[dict], path: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(6, 4))
+    num_envs = [r["num_envs"] for r in results]
+    for key, label in (("pure_sim_fps", "pure simulation"), ("ceiling_fps", "compute ceiling"),
+                       ("ours_fps", "ours"), ("sf_fps", "Sample Factory")):
+        points = [(n, r[key]) for n, r in zip(num_envs, results) if r[key] is not None]
+        if points:
+            axes.plot(*zip(*points), marker="o", label=label)
+    axes.set_xlabel("envs (workers x envs per worker)")
+    axes.set_ylabel("env frames per second")
+    axes.set_title(f"{results[0]['env']}, {results[0]['num_workers']} workers, {os.cpu_count()} cores")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main():
+    args = parse_args()
+    error = envs.env_error(args.env)
+    if error:
+        raise SystemExit(f"error: --env: {error}")
+    shm_before = set(os.listdir("/dev/shm"))
+    results = [measure_configuration(args, envs_per_worker) for envs_per_worker in args.envs_per_worker]
+    leaked = set(os.listdir("/dev/shm")) - shm_before
+    if leaked:
+        print(f"warning: left in /dev/shm: {sorted(leaked)}", file=sys.stderr)
+    if args.plot:
+        plot(results, args.plot)
+    if args.json:
+        print(json.dumps(results[0] if len(results) == 1 else results, indent=1))
+    else:
+        print(format_table(results))
+
+
+if __name__ == "__main__":
+    main()
