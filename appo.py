@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     general = parser.add_argument_group("general")
+    general.add_argument("--mode", choices=["train", "eval"], default="train",
+                         help="train, or eval: play a saved policy, print its scores, optionally record a video")
     general.add_argument("--env", default="doom_basic",
                          help="env name: doom_<scenario>, atari_<game>, dmlab_<level>, dmlab_30, or "
                               "one added with env.register_env")
@@ -141,6 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "before it is killed and restarted")
     system.add_argument("--max_restarts", type=int, default=10,
                         help="worker restarts allowed within 10 minutes; one more stops the run")
+    evaluation = parser.add_argument_group("evaluation (--mode eval)")
+    evaluation.add_argument("--checkpoint", default=None,
+                            help="checkpoint file to play (default: the experiment's latest of --policy_index)")
+    evaluation.add_argument("--policy_index", type=int, default=0, help="which policy of the experiment to play")
+    evaluation.add_argument("--max_num_episodes", type=int, default=10, help="games to play")
+    evaluation.add_argument("--eval_deterministic", action="store_true",
+                            help="take the most likely action instead of sampling")
+    evaluation.add_argument("--save_video", action="store_true",
+                            help="write an MP4 of the agent's view at the game's resolution, with the score")
+    evaluation.add_argument("--video_frames", type=int, default=10**9, help="stop the video after this many frames")
+    evaluation.add_argument("--video_path", default=None,
+                            help="where the MP4 goes (default: train_dir/experiment/eval_<policy>.mp4)")
     return parser
 
 
@@ -163,7 +177,7 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     env_problem = envs.env_error(cfg.env)
     if env_problem:
         errors.append(env_problem)
-    for flag in ["num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
+    for flag in ["max_num_episodes", "video_frames", "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
                  "policy_workers_per_policy", "rollout", "batch_size", "num_epochs", "hidden_size",
                  "env_frameskip", "train_for_env_steps", "keep_checkpoints", "learner_threads",
                  "policy_worker_threads"]:
@@ -173,6 +187,8 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                  "ppo_clip_ratio", "adam_eps", "env_step_timeout"]:
         if not getattr(cfg, flag) > 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
+    if cfg.policy_index < 0:
+        errors.append(f"--policy_index must be 0 or more, got {cfg.policy_index}")
     if cfg.max_restarts < 0:
         errors.append(f"--max_restarts must be 0 or more, got {cfg.max_restarts}")
     if not 0 < cfg.gamma <= 1:
@@ -392,6 +408,11 @@ def sample_actions(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
     flat = logits.reshape(-1, logits.shape[-1])
     actions = [torch.multinomial(log_probs.exp(), 1).squeeze(1) for log_probs in split_log_softmax(flat, head_sizes)]
     return torch.stack(actions, dim=-1).view(*logits.shape[:-1], len(head_sizes))
+
+
+def greedy_actions(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
+    """The most likely action of every head: [B, num_heads]."""
+    return torch.stack([head.argmax(-1) for head in logits.split(head_sizes, dim=-1)], dim=-1)
 
 
 def act(model: "ActorCritic", obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
@@ -1577,15 +1598,152 @@ def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0):
         q.close()
 
 
+# =============================================================================================
+# Evaluation: play a saved policy, print its scores, record what it sees
+# =============================================================================================
+
+# Flags that shape the model or the env: evaluation takes them from the checkpoint.
+MODEL_AND_ENV_FLAGS = ["hidden_size", "rnn_type", "doom_game_variables", "normalize_input", "normalize_returns",
+                       "env_frameskip"]
+
+
+def load_policy_for_eval(cfg) -> dict:
+    """The checkpoint to play (--checkpoint or the experiment's latest); its flags override cfg's."""
+    if cfg.checkpoint is not None:
+        try:
+            checkpoint = torch.load(cfg.checkpoint, map_location="cpu", weights_only=True)
+        except Exception as error:  # missing, truncated, or not a checkpoint at all
+            raise CheckpointError(f"--checkpoint {cfg.checkpoint} cannot be read "
+                                  f"({str(error).splitlines()[0]}): name a checkpoint_*.pth file")
+    else:
+        checkpoint = load_latest_checkpoint(cfg, cfg.policy_index)
+        if checkpoint is None:
+            raise CheckpointError(f"no checkpoint in {checkpoint_dir(cfg, cfg.policy_index)}: train the experiment "
+                                  "first, or name a file with --checkpoint")
+    saved = checkpoint.get("cfg", {})
+    if saved.get("env", cfg.env) != cfg.env:
+        raise CheckpointError(f"the checkpoint was trained on {saved['env']}, not --env {cfg.env}: "
+                              f"use --env {saved['env']}")
+    for flag in MODEL_AND_ENV_FLAGS:
+        if flag in saved:
+            setattr(cfg, flag, saved[flag])
+    return checkpoint
+
+
+class VideoWriter:
+    """An MP4 of rendered frames with the running score written in the corner (OpenCV)."""
+
+    def __init__(self, path: str, fps: float, max_frames: int):
+        self.path, self.fps, self.max_frames = path, fps, max_frames
+        self.writer, self.num_frames, self.size = None, 0, None
+
+    def add(self, frame: np.ndarray, score: str):
+        import cv2
+        if self.num_frames >= self.max_frames or frame is None:
+            return
+        if self.writer is None:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self.size = (frame.shape[1], frame.shape[0])
+            self.writer = cv2.VideoWriter(self.path, cv2.VideoWriter_fourcc(*"mp4v"), self.fps, self.size)
+        image = cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2BGR)
+        scale = max(0.3, frame.shape[0] / 400)
+        cv2.putText(image, score, (4, int(14 * scale / 0.35)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1)
+        self.writer.write(image)
+        self.num_frames += 1
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.release()
+
+
+def evaluate(cfg) -> int:
+    """Plays --max_num_episodes games with one policy and prints each agent's true score."""
+    checkpoint = load_policy_for_eval(cfg)
+    if cfg.seed is not None:  # with --eval_deterministic, the same seed plays the same games
+        torch.manual_seed(cfg.seed)
+    env = envs.create_env(cfg.env, cfg, env_index=0, render_mode="rgb_array" if cfg.save_video else None)
+    video = None
+    if cfg.save_video:
+        path = cfg.video_path or os.path.join(experiment_dir(cfg), f"eval_p{cfg.policy_index}.mp4")
+        video = VideoWriter(path, envs.game_fps(cfg.env) / cfg.env_frameskip, cfg.video_frames)
+    try:
+        model = ActorCritic(env.observation_space, env.action_space, cfg).eval()
+        model.load_state_dict(checkpoint["model"])
+        print(f"playing {cfg.env} with policy version {checkpoint['policy_version']} "
+              f"({checkpoint['env_frames']:,} env frames of training)", flush=True)
+        games = play_games(cfg, env, model, video)
+    finally:
+        env.close()
+        if video is not None:
+            video.close()
+    returns = np.array([game["returns"] for game in games])  # [games, agents]
+    lengths = np.array([game["length"] for game in games])
+    for agent in range(returns.shape[1]):
+        prefix = f"agent {agent} " if returns.shape[1] > 1 else ""
+        print(f"{prefix}mean return {returns[:, agent].mean():.2f} +- {returns[:, agent].std():.2f} over "
+              f"{len(games)} games; mean length {lengths.mean():,.0f} env frames", flush=True)
+    if video is not None and video.num_frames:
+        print(f"video: {video.num_frames} frames of {video.size[0]}x{video.size[1]} at {video.fps:g} fps "
+              f"in {video.path}", flush=True)
+    return 0
+
+
+def play_games(cfg, env, model: ActorCritic, video: VideoWriter | None) -> list[dict]:
+    """Steps `env` until --max_num_episodes games ended; returns each game's per-agent true return."""
+    num_agents = envs.get_num_agents(env)
+    obs_keys = list(obs_shapes(env.observation_space))
+    rnn_state = torch.zeros(num_agents, rnn_state_size(cfg))
+    obs = per_agent(env.reset()[0], num_agents)
+    games, finished_returns = [], [None] * num_agents
+    while len(games) < cfg.max_num_episodes:
+        if video is not None:
+            video.add(env.render(), f"score {game_score(env):g}")
+        obs_batch = {key: torch.as_tensor(np.stack([o[key] if isinstance(o, dict) else o for o in obs]))
+                     for key in obs_keys}
+        with torch.no_grad():
+            logits, _, rnn_state = model(obs_batch, rnn_state)
+        actions = (greedy_actions(logits, model.head_sizes) if cfg.eval_deterministic
+                   else sample_actions(logits, model.head_sizes)).numpy()
+        env_actions = [env_action(env.action_space, row) for row in actions]
+        obs, rewards, dones, infos = agent_lists(num_agents, *env.step(
+            env_actions[0] if num_agents == 1 else env_actions))
+        for agent, info in enumerate(infos):
+            if "true_return" in info:
+                finished_returns[agent] = (float(info["true_return"]), int(info["true_length"]))
+        if all(dones):
+            obs = per_agent(env.reset()[0], num_agents)
+        rnn_state = rnn_state * torch.as_tensor([0.0 if done else 1.0 for done in dones]).unsqueeze(1)
+        if all(result is not None for result in finished_returns):  # a whole game ended for everyone
+            games.append({"returns": [r for r, _ in finished_returns], "length": finished_returns[0][1]})
+            returns = ", ".join(f"agent {agent} return {r:.2f}" for agent, r in enumerate(games[-1]["returns"]))
+            if num_agents == 1:
+                returns = returns.removeprefix("agent 0 ")
+            print(f"game {len(games)}: {returns}, {games[-1]['length']:,} env frames", flush=True)
+            finished_returns = [None] * num_agents
+    return games
+
+
+def per_agent(obs, num_agents: int) -> list:
+    return [obs] if num_agents == 1 else list(obs)
+
+
+def game_score(env) -> float:
+    """The raw score of the game in progress, where the env keeps one (env.GameStatsRecorder)."""
+    try:
+        return float(env.get_wrapper_attr("game_return"))
+    except AttributeError:
+        return float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    errors = config_errors(cfg) or saved_config_errors(cfg)
+    errors = config_errors(cfg) or (saved_config_errors(cfg) if cfg.mode == "train" else [])
     if errors:
         for error in errors:
             print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        return train(cfg)
+        return evaluate(cfg) if cfg.mode == "eval" else train(cfg)
     except CheckpointError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -104,6 +104,13 @@ def env_error(name: str) -> str | None:
     return None if problem is None else problem[1]
 
 
+def game_fps(name: str) -> float:
+    """Frames per second of the game itself (videos play at game speed: this / frameskip)."""
+    if name.startswith("doom_"):
+        return 35.0  # Doom's tic rate
+    return 60.0  # Atari and DeepMind Lab
+
+
 def shared_memory_of(pids: list[int]) -> list[str]:
     """/dev/shm files that env processes among `pids` created and only remove on a clean exit.
 
@@ -203,6 +210,11 @@ class GameStatsRecorder(gym.Wrapper):
                 **self._extra_stats,
             }
         return obs, reward, terminated, truncated, info
+
+    @property
+    def game_return(self) -> float:
+        """The raw score of the game so far (evaluation shows it on its video)."""
+        return self._game_return
 
     def pop_report(self) -> dict | None:
         """The stats of the game that ended since the last call, or None."""

@@ -1,0 +1,69 @@
+"""scripts/bench_throughput.py: the log lines it reads, and its legs on real VizDoom processes."""
+import json
+import os
+import subprocess
+import sys
+import types
+import uuid
+
+import numpy as np
+import pytest
+
+import appo
+from conftest import processes_tagged
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import bench_throughput as bench  # noqa: E402
+
+
+def test_the_benchmark_reads_fps_busy_time_and_lag_from_our_status_line():
+    cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2"])
+    stats = appo.Stats(num_policies=1)
+    stats.frame_history.extend([(100.0, 10_000), (110.0, 33_000)])
+    stats.learner[0] = {"lag_min": 1, "lag_avg": 2.5, "lag_max": 4}
+    stats.last_report_time -= 10.0
+    stats.busy_s.update({"env": 6.0, "inference": 4.0, "learner": 9.0})  # over 10 s, 2 workers
+    shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([20_000, 13_000]),
+                                                             learner_frames=np.array([30_000])))
+    line = appo.status_line(cfg, stats, shared, elapsed=42.0)
+    status = bench.OURS_STATUS.search(line)
+    assert status and status.groups() == ("42", "2,300"), line
+    assert bench.OURS_BUSY.search(line).groups() == ("30", "40", "90"), line
+    assert bench.OURS_LAG.search(line).group(1) == "2.5", line
+
+
+def test_the_benchmark_reads_sample_factorys_fps_line():
+    line = ("[2026-11-23 15:50:12,345][04321] Fps is (10 sec: 1433.6, 60 sec: 1501.2, 300 sec: 1501.2). "
+            "Total num frames: 98304. Throughput: 0: 358.4. Samples: 24576. Policy #0 lag: (min: 0.0, avg: 1.2, max: 3.0)")
+    assert bench.SF_FPS.search(line).group(1) == "1433.6"
+    first = "[2026-11-23 15:49:52,001][04321] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0."
+    assert bench.SF_FPS.search(first).group(1) == "nan"
+
+
+def test_steady_windows_report_the_median_and_the_worst_window():
+    result = bench.steady_windows([100.0, 110.0, 90.0, 80.0])
+    assert result["fps"] == 95.0 and result["windows"] == 4
+    assert result["worst_deviation"] == pytest.approx(15 / 95)
+    assert bench.steady_windows([])["fps"] is None
+
+
+@pytest.mark.slow
+def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
+    tag = uuid.uuid4().hex
+    command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "doom_basic",
+               "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1",
+               "--batch_size", "128", "--rollout", "16", "--legs", "pure,ceiling,ours",
+               "--seconds", "12", "--warmup", "0", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "BENCH_TEST_TAG": tag})
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    assert figures["env"] == "doom_basic" and figures["num_envs"] == 2 and figures["sf_fps"] is None
+    assert figures["pure_sim_fps"] > 0 and figures["ceiling_fps"] > 0 and figures["ours_fps"] > 0
+    assert figures["ours_over_pure_sim"] == pytest.approx(figures["ours_fps"] / figures["pure_sim_fps"])
+    ceiling = figures["runs"]["ceiling"][0]
+    assert ceiling["env_ms_per_step"] > 0 and ceiling["learner_ms_per_sample"] > 0
+    ours = figures["runs"]["ours"][0]
+    assert set(ours["busy_percent"]) == {"env", "inference", "learner"}
+    assert processes_tagged(tag) == []  # and conftest checks /dev/shm

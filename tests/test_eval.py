@@ -1,0 +1,85 @@
+"""appo.py --mode eval: plays a saved policy on real VizDoom and Atari, prints the scores, and
+writes an MP4 that is decoded back here."""
+import os
+import re
+import subprocess
+import sys
+
+import cv2
+import pytest
+
+import appo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def save_untrained_policy(train_dir, env_name: str, *flags: str) -> str:
+    """A checkpoint written by the learner's own code, as a training run would leave it."""
+    cfg = appo.parse_args(["--env", env_name, "--train_dir", str(train_dir), "--experiment", "played", *flags])
+    spaces_pair, _ = appo.probe_env(cfg)
+    learner = appo.Learner(0, cfg, None, spaces_pair)
+    learner.policy_version, learner.env_frames = 7, 1234
+    return appo.save_checkpoint(cfg, 0, learner.checkpoint_state())
+
+
+def run_eval(train_dir, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), "--mode", "eval", "--train_dir",
+                           str(train_dir), "--experiment", "played", *flags],
+                          capture_output=True, text=True, timeout=300)
+
+
+def decoded_frames(path: str) -> tuple[int, tuple[int, int]]:
+    capture = cv2.VideoCapture(path)
+    count, size = 0, None
+    while True:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        count, size = count + 1, (frame.shape[1], frame.shape[0])
+    capture.release()
+    return count, size
+
+
+def steps_played(output: str, frameskip: int) -> int:
+    games = re.findall(r"game \d+: .*, ([\d,]+) env frames", output)
+    return sum(int(frames.replace(",", "")) for frames in games) // frameskip
+
+
+@pytest.mark.parametrize("env_name, native_size", [("doom_basic", (160, 120)), ("atari_breakout", (160, 210))])
+def test_eval_plays_games_prints_scores_and_records_a_video(tmp_path, env_name, native_size):
+    # a model unlike the defaults: eval must take its shape from the checkpoint, not from flags
+    save_untrained_policy(tmp_path, env_name, "--hidden_size", "64", "--rnn_type", "lstm")
+    video_path = tmp_path / "agent.mp4"
+    result = run_eval(tmp_path, "--env", env_name, "--max_num_episodes", "2", "--save_video",
+                      "--video_frames", "25", "--video_path", str(video_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "policy version 7 (1,234 env frames of training)" in result.stdout
+    games = re.findall(r"game (\d): return (-?[\d.]+), ([\d,]+) env frames", result.stdout)
+    assert [number for number, _, _ in games] == ["1", "2"], result.stdout
+    returns = [float(value) for _, value, _ in games]
+    mean = re.search(r"mean return (-?[\d.]+) \+- [\d.]+ over 2 games", result.stdout)
+    assert mean and float(mean.group(1)) == pytest.approx(sum(returns) / 2, abs=0.01)
+    frameskip = appo.parse_args(["--env", env_name]).env_frameskip
+    expected_frames = min(25, steps_played(result.stdout, frameskip))
+    assert f"video: {expected_frames} frames of {native_size[0]}x{native_size[1]}" in result.stdout
+    assert decoded_frames(str(video_path)) == (expected_frames, native_size)
+
+
+def test_eval_deterministic_with_a_seed_plays_the_same_game_twice(tmp_path):
+    save_untrained_policy(tmp_path, "atari_breakout")
+    outputs = [run_eval(tmp_path, "--env", "atari_breakout", "--max_num_episodes", "1", "--eval_deterministic",
+                        "--seed", "3") for _ in range(2)]
+    assert all(output.returncode == 0 for output in outputs), outputs[0].stderr[-3000:]
+    games = [re.search(r"game 1: .*", output.stdout).group(0) for output in outputs]
+    assert games[0] == games[1]
+
+
+def test_eval_errors_name_the_fix(tmp_path):
+    missing = run_eval(tmp_path, "--env", "doom_basic")
+    assert missing.returncode == 2 and "no checkpoint in" in missing.stderr and "--checkpoint" in missing.stderr
+    unreadable = run_eval(tmp_path, "--env", "doom_basic", "--checkpoint", str(tmp_path / "nothing.pth"))
+    assert unreadable.returncode == 2 and "cannot be read" in unreadable.stderr
+    path = save_untrained_policy(tmp_path, "doom_basic")
+    other_env = run_eval(tmp_path, "--env", "atari_breakout", "--checkpoint", path)
+    assert other_env.returncode == 2 and "trained on doom_basic" in other_env.stderr
+    assert "use --env doom_basic" in other_env.stderr
