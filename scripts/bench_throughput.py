@@ -291,28 +291,37 @@ def measure_ours(args, flags: list[str]) -> dict:
     return result
 
 
-SF_FPS = re.compile(r"Fps is \(10 sec: ([\d.na]+),")
-SF_MODULES = {"doom": "sf_examples.vizdoom.train_vizdoom", "atari": "sf_examples.atari.train_atari"}
+SF_FPS = re.compile(r"Fps is \(10 sec: (nan|[\d.]+),")
+# scripts/setup_sample_factory.sh installs sf_train_atari_ale: Sample Factory's Atari launcher with
+# ale-py imported first (ale-py 0.9 registers the Atari ids only when imported, and Sample Factory's
+# spawned workers re-import the launcher module, so a `python -c` wrapper is not enough).
+SF_MODULES = {"doom": "sf_examples.vizdoom.train_vizdoom", "atari": "sf_train_atari_ale"}
 
 
 def sample_factory_command(args, flags: list[str], train_dir: str) -> list[str]:
     family = args.env.split("_")[0]
     if family not in SF_MODULES:
         raise SystemExit(f"error: --sf_python: Sample Factory's launchers cover doom_* and atari_* only, not {args.env}")
-    sf_argv = [*flags, "--device", "cpu", "--train_dir", train_dir, "--experiment", "bench",
-               "--train_for_env_steps", str(10**12), "--with_wandb", "False"]
-    # ale-py 0.9 registers the ALE ids only when imported; Sample Factory's launcher does not import it
-    launcher = ("import sys, runpy\ntry:\n    import ale_py\nexcept ImportError:\n    pass\n"
-                f"sys.argv = {['sf'] + sf_argv!r}\nrunpy.run_module({SF_MODULES[family]!r}, run_name='__main__')")
-    return [args.sf_python, "-c", launcher]
+    command = [args.sf_python, "-m", SF_MODULES[family], *flags, "--device", "cpu", "--train_dir", train_dir,
+               "--experiment", "bench", "--train_for_env_steps", str(10**12)]
+    if family == "atari":  # its Atari defaults are synchronous with 4 epochs x 4 batches; ours: async, 1 x 1
+        command += ["--async_rl", "True", "--num_epochs", "1", "--num_batches_per_epoch", "1"]
+    return command
 
 
 def measure_sample_factory(args, flags: list[str]) -> dict:
-    """Sample Factory's `--train_for_seconds` never stops a run: it is bounded by time here."""
+    """Sample Factory's `--train_for_seconds` never stops a run: it is bounded by time here, and
+    its warm-up counts from its first FPS line (it takes 10-20 s to start)."""
+    semaphores_before = {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")}
     with tempfile.TemporaryDirectory() as train_dir:
-        lines = run_logged(sample_factory_command(args, flags, train_dir), args.warmup + args.seconds,
+        lines = run_logged(sample_factory_command(args, flags, train_dir), args.warmup + args.seconds + 30,
                            cwd=train_dir)
-    first_fps = next((t for t, line in lines if SF_FPS.search(line) and "nan" not in SF_FPS.search(line).group(1)),
+    # killing its process group also kills its multiprocessing resource tracker, which would
+    # have removed its semaphores
+    for name in os.listdir("/dev/shm"):
+        if name.startswith("sem.mp-") and name not in semaphores_before:
+            os.unlink(os.path.join("/dev/shm", name))
+    first_fps = next((t for t, line in lines if SF_FPS.search(line) and SF_FPS.search(line).group(1) != "nan"),
                      None)
     fps, last_time = [], None
     for when, line in lines:

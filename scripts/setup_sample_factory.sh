@@ -18,7 +18,8 @@ PY="$TARGET/bin/python"
 # would pull a multi-GB CUDA build as a dependency of sample-factory.
 "$PY" -m pip install torch==2.13.0
 
-"$PY" -m pip install sample-factory==2.1.1 ale-py==0.9.1 vizdoom
+# opencv below 4.12: later wheels need numpy 2, which Sample Factory 2.1.1 excludes
+"$PY" -m pip install sample-factory==2.1.1 ale-py==0.9.1 vizdoom "opencv-python<4.12"
 
 # ale-py 0.9.1 registers the Atari ids (BreakoutNoFrameskip-v4, ...) only on
 # `import ale_py`, and sf_examples.atari never imports it. Sample Factory
