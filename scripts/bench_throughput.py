@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -101,8 +102,9 @@ def random_actions(env, num_agents: int):
     return [env.action_space.sample() for _ in range(num_agents)]
 
 
-def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, start_barrier, results):
+def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go, results):
     appo.child_process_setup("pure-sim", owns_envs=True)
+    parent = os.getppid()
     cfg = appo.parse_args(flags)
     env_list = []
     try:
@@ -111,7 +113,10 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, start_barr
         agents = [envs.get_num_agents(env) for env in env_list]
         for env in env_list:
             env.reset()
-        start_barrier.wait()
+        ready.put(worker_id)
+        while not go.wait(timeout=0.5):
+            if not appo.parent_alive(parent):
+                return
         steps, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             for env, num_agents in zip(env_list, agents):
@@ -128,18 +133,22 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, start_barr
 
 def measure_pure_sim(flags: list[str], num_workers: int, seconds: float) -> float:
     context = multiprocessing.get_context("spawn")
-    start_barrier, results = context.Barrier(num_workers + 1), context.Queue()
-    workers = [context.Process(target=pure_sim_worker, args=(flags, worker_id, seconds, start_barrier, results))
+    ready, go, results = context.Queue(), context.Event(), context.Queue()
+    workers = [context.Process(target=pure_sim_worker, args=(flags, worker_id, seconds, ready, go, results))
                for worker_id in range(num_workers)]
     for worker in workers:
         worker.start()
     try:
-        start_barrier.wait(timeout=300)  # every env made and reset: the clock starts together
-        return sum(results.get(timeout=seconds + 120) for _ in workers)
-    finally:
+        for _ in workers:
+            ready.get(timeout=300)
+        go.set()  # every env made and reset: the clocks start together
+        fps = sum(results.get(timeout=seconds + 120) for _ in workers)
         for worker in workers:
             worker.join(timeout=30)
-            appo.kill_process_group(worker.pid)  # a no-op unless it hung
+        return fps
+    finally:
+        for worker in workers:  # after a clean finish a no-op; after an error or Ctrl-C the cleanup
+            appo.kill_process_group(worker.pid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,6 +438,8 @@ def plot(results: list[dict], path: str):
 
 def main():
     args = parse_args()
+    # a SIGTERM unwinds like Ctrl-C, so every leg's cleanup runs
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))
     error = envs.env_error(args.env)
     if error:
         raise SystemExit(f"error: --env: {error}")
