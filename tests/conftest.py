@@ -3,6 +3,7 @@ child process left behind."""
 import glob
 import multiprocessing
 import os
+import time
 
 import pytest
 
@@ -18,6 +19,15 @@ def processes_tagged(tag: str) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def processes_still_tagged(tag: str, seconds: float = 15.0) -> list[int]:
+    """processes_tagged(tag) once they had `seconds` to finish exiting (a multiprocessing resource
+    tracker outlives its run by a moment)."""
+    deadline = time.monotonic() + seconds
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return processes_tagged(tag)
 
 
 def shm_entries():
