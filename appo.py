@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import ctypes
 import glob
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -73,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="how many recent checkpoints to keep per policy")
     general.add_argument("--report_every_sec", type=float, default=5.0,
                          help="seconds between status lines and TensorBoard summaries")
+    general.add_argument("--with_wandb", action="store_true",
+                         help="also send the summaries and the config to Weights & Biases (pip install wandb; "
+                              "WANDB_MODE=offline works without an account)")
+    general.add_argument("--wandb_project", default="appo", help="W&B project")
+    general.add_argument("--wandb_group", default=None, help="W&B group, e.g. one per sweep")
+    general.add_argument("--wandb_tags", nargs="*", default=[], help="W&B tags")
 
     env_group = parser.add_argument_group("env")
     env_group.add_argument("--env_frameskip", type=int, default=None,
@@ -144,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--env_step_timeout", type=float, default=60.0,
                         help="seconds a rollout or policy worker may go without progress (a hung env) "
                              "before it is killed and restarted")
+    system.add_argument("--distributed_timeout", type=float, default=300.0,
+                        help="under torchrun: seconds a learner waits for the other ranks' learners before "
+                             "giving up (their first batches can take a while)")
     system.add_argument("--max_restarts", type=int, default=10,
                         help="worker restarts allowed within 10 minutes; one more stops the run")
     evaluation = parser.add_argument_group("evaluation (--mode eval)")
@@ -171,6 +182,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         cfg.env_frameskip = 1
     if cfg.experiment is None:
         cfg.experiment = cfg.env
+    cfg.rank, cfg.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
+    if cfg.device == "cuda" and cfg.world_size > 1:
+        cfg.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"  # one GPU per rank on each node
+    if cfg.seed is not None:
+        cfg.seed += 7919 * cfg.rank  # every rank collects different experience
     return cfg
 
 
@@ -187,7 +203,7 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
         if getattr(cfg, flag) <= 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
     for flag in ["learning_rate", "save_every_sec", "report_every_sec", "train_for_seconds",
-                 "ppo_clip_ratio", "adam_eps", "env_step_timeout"]:
+                 "ppo_clip_ratio", "adam_eps", "env_step_timeout", "distributed_timeout"]:
         if not getattr(cfg, flag) > 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
     if cfg.policy_index < 0:
@@ -210,7 +226,12 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     elif cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout}: "
                       f"use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout or cfg.rollout}")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
+    if cfg.world_size > 1 and cfg.num_policies != 1:
+        errors.append(f"--num_policies {cfg.num_policies} under torchrun: multi-node training is for one policy; "
+                      "use --num_policies 1")
+    if cfg.with_wandb and importlib.util.find_spec("wandb") is None:
+        errors.append("--with_wandb needs the wandb package: pip install wandb")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         errors.append("--device cuda but torch sees no GPU: use --device cpu or install a CUDA build of torch")
     return errors
 
@@ -258,15 +279,21 @@ class RunningNormalizer(nn.Module):
         """Merges the statistics of `scale * batch` [N, *shape] (Chan et al.'s parallel formula).
 
         Integer batches (pixels) are scaled after the reduction, which saves a pass over them.
+        Under torchrun the moments are combined over every rank's batch, so all ranks keep equal statistics.
         """
-        if batch.shape[0] == 0:
+        n = batch.shape[0]
+        if n and batch.is_floating_point() and not torch.isfinite(batch).all():
+            n = 0  # a NaN would poison the statistics for good
+        batch_mean, batch_var = torch.zeros_like(self.mean), torch.zeros_like(self.var)
+        if n:
+            batch = batch.float()
+            batch_mean = batch.mean(0)
+            batch_var = (batch - batch_mean).pow_(2).mean(0)  # 3x faster than torch.var_mean over dim 0 on CPU
+            batch_mean, batch_var = batch_mean * scale, batch_var * scale ** 2
+        if distributed():
+            batch_mean, batch_var, n = all_ranks_moments(batch_mean, batch_var, n)
+        if n == 0:
             return
-        if batch.is_floating_point() and not torch.isfinite(batch).all():  # a NaN would poison it for good
-            return
-        batch = batch.float()
-        batch_mean = batch.mean(0)
-        batch_var = (batch - batch_mean).pow_(2).mean(0)  # 3x faster than torch.var_mean over dim 0 on CPU
-        batch_mean, batch_var, n = batch_mean * scale, batch_var * scale ** 2, batch.shape[0]
         total = self.count + n
         delta = batch_mean - self.mean
         self.mean += delta * n / total
@@ -276,8 +303,15 @@ class RunningNormalizer(nn.Module):
     def forward(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
         """Normalises `scale * x` in one fused multiply-add (the input may be a large batch of pixels)."""
         inverse_std = torch.rsqrt(self.var + 1e-5)
-        return torch.addcmul(-self.mean * inverse_std, x, inverse_std * scale,
-                             out=x if inplace else None).clamp_(-self.clip, self.clip)
+        shift, factor = -self.mean * inverse_std, inverse_std * scale
+        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+            # channels-last images: broadcast the statistics in the same (H, W, C) order, or the
+            # multiply-add falls back to a slow strided loop
+            x_hwc = x.permute(0, 2, 3, 1)
+            normalized = torch.addcmul(shift.permute(1, 2, 0).contiguous(), x_hwc,
+                                       factor.permute(1, 2, 0).contiguous(), out=x_hwc if inplace else None)
+            return normalized.clamp_(-self.clip, self.clip).permute(0, 3, 1, 2)
+        return torch.addcmul(shift, x, factor, out=x if inplace else None).clamp_(-self.clip, self.clip)
 
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.sqrt(self.var + 1e-5) + self.mean
@@ -343,8 +377,11 @@ class ActorCritic(nn.Module):
         features = []
         for key, encoder in self.encoders.items():
             scale = 1.0 / 255.0 if obs[key].dtype == torch.uint8 else 1.0
-            layout = torch.channels_last if obs[key].dim() == 4 else torch.contiguous_format
-            x = obs[key].to(torch.float32, memory_format=layout, copy=True)  # ours: scaled in place below
+            x = obs[key]
+            if x.dim() == 4:  # images to channels-last (oneDNN's fast conv layout), bytes first: cheaper
+                x = x.permute(0, 2, 3, 1).contiguous().to(torch.float32, copy=True).permute(0, 3, 1, 2)
+            else:
+                x = x.to(torch.float32, copy=True)  # ours, so it is scaled in place below
             if self.normalize_input:
                 x = self.obs_normalizers[key](x, scale, inplace=True)
             elif scale != 1.0:
@@ -420,7 +457,7 @@ def greedy_actions(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
 
 def act(model: "ActorCritic", obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
     """One batched inference step: sampled actions, their log-probs, values and next RNN states."""
-    with torch.no_grad():
+    with torch.inference_mode():  # cheaper than no_grad: no version counters
         logits, values, next_state = model(obs, rnn_state)
         actions = sample_actions(logits, model.head_sizes)
         return actions, action_log_probs(logits, actions, model.head_sizes), values, next_state
@@ -677,7 +714,8 @@ class RunState:
     def __init__(self, num_workers: int, num_policies: int, num_processes: int):
         self.sizes = {"stop": 1, "worker_frames": num_workers, "heartbeat": num_processes,
                       "learner_frames": num_policies, "learner_version": num_policies,
-                      "resend_epoch": 1}  # bumped after a policy worker restart: re-send requests
+                      "resend_epoch": 1,  # bumped after a policy worker restart: re-send requests
+                      "all_ranks_frames": 1}  # under torchrun: frames collected by every rank
         self.buffer = appo_ipc.SharedBuffer(8 * sum(self.sizes.values()))
         self._make_views()
 
@@ -1088,6 +1126,84 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
     return "; ".join(problems) or None
 
 
+# ---------------------------------------------------------------------------------------------
+# Multi-node (torchrun): each rank runs the whole trainer on its own experience; the learners
+# average their gradients every step (DD-PPO's scheme), so the weights stay identical.
+# ---------------------------------------------------------------------------------------------
+
+def distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def init_distributed(cfg):
+    """Joins the learners of all ranks (torchrun's MASTER_ADDR/PORT, RANK, WORLD_SIZE)."""
+    import datetime
+    # small control tensors stay on the CPU (gloo); with CUDA, gradients go through NCCL
+    backend = "cpu:gloo,cuda:nccl" if cfg.device.startswith("cuda") else "gloo"
+    torch.distributed.init_process_group(backend, rank=cfg.rank, world_size=cfg.world_size,
+                                         timeout=datetime.timedelta(seconds=cfg.distributed_timeout))
+
+
+def broadcast_training_state(learner: "Learner"):
+    """Rank 0's weights, normaliser statistics, optimiser state and counters, to every rank."""
+    for tensor in learner.model.state_dict().values():
+        contiguous = tensor.contiguous()  # channels-last conv weights are not, and gloo needs it
+        torch.distributed.broadcast(contiguous, src=0)
+        tensor.copy_(contiguous)
+    state = [learner.optimizer.state_dict(), learner.policy_version, learner.env_frames]
+    torch.distributed.broadcast_object_list(state, src=0)  # pickled, but only between our own ranks
+    learner.optimizer.load_state_dict(state[0])
+    learner.policy_version, learner.env_frames = state[1], state[2]
+
+
+def average_gradients(model: nn.Module):
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    torch.distributed.all_reduce(flat)
+    flat /= torch.distributed.get_world_size()
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def all_ranks_agree(flag: bool) -> bool:
+    """True only if `flag` is true on every rank (so that every rank makes the same decision)."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+    return bool(value.item())
+
+
+def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Mean and variance of the union of every rank's batch, from each rank's (mean, var, n)."""
+    sums = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=mean.device),
+                      (mean.double() * n).reshape(-1), ((var.double() + mean.double() ** 2) * n).reshape(-1)])
+    torch.distributed.all_reduce(sums)
+    total = int(sums[0].item())
+    if total == 0:
+        return mean, var, 0
+    size = mean.numel()
+    all_mean = sums[1:1 + size] / total
+    all_var = (sums[1 + size:] / total - all_mean ** 2).clamp_(min=0.0)
+    return all_mean.view_as(mean).to(mean.dtype), all_var.view_as(var).to(var.dtype), total
+
+
+def exchange_progress(stop: bool, frames: int) -> tuple[bool, int]:
+    """Once per step: whether any rank wants to stop, and the frames all ranks have collected."""
+    values = torch.tensor([1 if stop else 0, frames], dtype=torch.int64)
+    torch.distributed.all_reduce(values)
+    return bool(values[0].item()), int(values[1].item())
+
+
+def weights_checksum(model: nn.Module) -> str:
+    """SHA-256 of every weight and statistic: equal on all ranks when they are in sync."""
+    import hashlib
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
 
 
@@ -1110,6 +1226,10 @@ class Learner:
             self.policy_version, self.env_frames = checkpoint["policy_version"], checkpoint["env_frames"]
             print(f"policy {policy_id} resumed from policy version {self.policy_version}, "
                   f"{self.env_frames:,} env frames", flush=True)
+        if cfg.world_size > 1:
+            init_distributed(cfg)
+            broadcast_training_state(self)
+            shared.weights[policy_id].publish(self.model, self.policy_version)  # act with rank 0's weights
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = cfg.batch_size // cfg.rollout
         self.skipped_steps, self.nonfinite_in_a_row = 0, 0
@@ -1147,7 +1267,7 @@ class Learner:
     def train_step(self, batch) -> dict:
         stats = self.sgd_step(batch)
         self.policy_version += 1
-        self.env_frames += self.cfg.batch_size * self.cfg.env_frameskip
+        self.env_frames += self.cfg.batch_size * self.cfg.env_frameskip * self.cfg.world_size  # all ranks trained
         self.shared.weights[self.policy_id].publish(self.model, self.policy_version)
         self.shared.run.learner_frames[self.policy_id] = self.env_frames
         self.shared.run.learner_version[self.policy_id] = self.policy_version
@@ -1161,9 +1281,12 @@ class Learner:
             loss, stats = appo_loss(self.model, batch, self.policy_version, self.cfg)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if distributed():
+                average_gradients(self.model)
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
             stats["grad_norm"] = grad_norm.item()
-            if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
+            if not (all_ranks_agree(finite) if distributed() else finite):
                 self.skip_nonfinite_step(stats)
                 break
             self.nonfinite_in_a_row = 0
@@ -1189,6 +1312,8 @@ class Learner:
                 "cfg": {k: v for k, v in vars(self.cfg).items() if isinstance(v, (int, float, str, bool, type(None)))}}
 
     def save(self):
+        if self.cfg.rank != 0:  # under torchrun, rank 0 writes the checkpoints
+            return
         try:
             save_checkpoint(self.cfg, self.policy_id, self.checkpoint_state())
         except OSError as error:  # a full disk must not end a long run; the last checkpoint stays valid
@@ -1208,15 +1333,29 @@ class Learner:
             self.batcher_stop.set()
             batcher.join(timeout=10.0)
         self.save()
+        if distributed():
+            print(f"rank {self.cfg.rank}: policy version {self.policy_version}, weights checksum "
+                  f"{weights_checksum(self.model)}", flush=True)
+            torch.distributed.destroy_process_group()
 
     def train_loop(self, process_index: int, parent: int):
         last_save = time.monotonic()
-        while not self.shared.run.should_stop() and parent_alive(parent):
+        while True:
             self.shared.run.beat(process_index)
-            try:
-                batch = self.batches.get(timeout=0.5)
-            except queue.Empty:
-                continue
+            stop = self.shared.run.should_stop() or not parent_alive(parent)
+            batch = None
+            if not stop:
+                try:
+                    batch = self.batches.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+            if distributed():  # every rank steps, or every rank stops (and the runners with them)
+                stop, frames = exchange_progress(stop, int(self.shared.run.worker_frames.sum()))
+                self.shared.run.all_ranks_frames[0] = frames
+                if stop:
+                    self.shared.run.stop[0] = 1
+            if stop:
+                return
             start = time.perf_counter()
             stats = self.train_step(batch)
             self.shared.stats_queue.put({"type": "learner", "policy_id": self.policy_id,
@@ -1234,6 +1373,12 @@ def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces
     except NonFiniteLoss as error:
         print(f"error: {error}", flush=True)
         sys.exit(3)
+    except RuntimeError as error:
+        if cfg.world_size == 1:
+            raise
+        # under torchrun: another rank died (its connection closed) or stayed silent too long
+        print(f"error: rank {cfg.rank}'s learner lost the other ranks ({str(error).splitlines()[0]})", flush=True)
+        sys.exit(4)
 
 
 # =============================================================================================
@@ -1457,8 +1602,15 @@ def create_shared(cfg, model: ActorCritic, spaces_pair, num_agents: int) -> Shar
     )
 
 
+def frames_collected(cfg, shared: Shared) -> int:
+    """Env frames collected so far: by this machine's workers, or under torchrun by every rank's."""
+    if cfg.world_size > 1:
+        return int(shared.run.all_ranks_frames[0])
+    return int(shared.run.worker_frames.sum())
+
+
 def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
-    frames = int(shared.run.worker_frames.sum())
+    frames = frames_collected(cfg, shared)
     parts = [f"[{elapsed:7.0f}s] frames {frames:,}",
              "FPS 10s/60s/300s " + "/".join(f"{stats.fps(w):,.0f}" for w in (10, 60, 300)),
              f"samples/s {stats.fps(60) / cfg.env_frameskip:,.0f}"]
@@ -1479,18 +1631,52 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     return " | ".join(parts)
 
 
-def write_summaries(writer, cfg, stats: Stats, shared: Shared):
-    frames = int(shared.run.worker_frames.sum())
-    writer.add_scalar("perf/fps", stats.fps(60), frames)
-    writer.add_scalar("perf/env_faults", stats.env_faults, frames)
-    writer.add_scalar("perf/restarts", stats.restarts, frames)
-    for policy_id in range(cfg.num_policies):
-        if stats.episode_returns[policy_id]:
-            writer.add_scalar(f"p{policy_id}/true_return", float(np.mean(stats.episode_returns[policy_id])), frames)
-            writer.add_scalar(f"p{policy_id}/episode_frames", float(np.mean(stats.episode_lengths[policy_id])), frames)
-        for key, value in stats.learner[policy_id].items():
-            if isinstance(value, (int, float)) and key != "policy_id":
-                writer.add_scalar(f"p{policy_id}/{key}", value, frames)
+class Summaries:
+    """TensorBoard event files under the experiment, mirrored to Weights & Biases with --with_wandb.
+    Under torchrun only rank 0 writes them."""
+
+    def __init__(self, cfg):
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(os.path.join(experiment_dir(cfg), "tb")) if cfg.rank == 0 else None
+        self.wandb_run = start_wandb(cfg) if cfg.with_wandb and cfg.rank == 0 else None
+
+    def write(self, cfg, stats: Stats, shared: Shared):
+        if self.writer is None:
+            return
+        frames = frames_collected(cfg, shared)
+        scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts}
+        for policy_id in range(cfg.num_policies):
+            if stats.episode_returns[policy_id]:
+                scalars[f"p{policy_id}/true_return"] = float(np.mean(stats.episode_returns[policy_id]))
+                scalars[f"p{policy_id}/episode_frames"] = float(np.mean(stats.episode_lengths[policy_id]))
+            for key, value in stats.learner[policy_id].items():
+                if isinstance(value, (int, float)) and key != "policy_id":
+                    scalars[f"p{policy_id}/{key}"] = value
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, frames)
+        if self.wandb_run is not None:
+            self.wandb_run.log({**scalars, "env_frames": frames})
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def start_wandb(cfg):
+    """One W&B run per experiment: a resumed experiment continues the same run (its id is saved)."""
+    import wandb
+    id_path = os.path.join(experiment_dir(cfg), "wandb_run_id")
+    if os.path.exists(id_path):
+        with open(id_path) as f:
+            run_id = f.read().strip()
+    else:
+        run_id = uuid.uuid4().hex[:12]
+        with open(id_path, "w") as f:
+            f.write(run_id)
+    return wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
+                      id=run_id, resume="allow", config=vars(cfg), dir=experiment_dir(cfg))
 
 
 def experiment_dir(cfg) -> str:
@@ -1531,9 +1717,9 @@ def train(cfg) -> int:
     spaces_pair, num_agents = probe_env(cfg)
     model = ActorCritic(*spaces_pair, cfg)
     shared = create_shared(cfg, model, spaces_pair, num_agents)  # checks the checkpoints, if any
-    save_config(cfg)
-    from torch.utils.tensorboard import SummaryWriter
-    writer = SummaryWriter(os.path.join(experiment_dir(cfg), "tb"))
+    if cfg.rank == 0:  # under torchrun, rank 0 writes config, summaries and checkpoints
+        save_config(cfg)
+    summaries = Summaries(cfg)
     stats, exit_code = Stats(cfg.num_policies), 0
 
     def request_stop(signum, frame):
@@ -1545,23 +1731,26 @@ def train(cfg) -> int:
     supervisor = Supervisor(cfg, shared, children, multiprocessing.get_context("spawn"))
     supervisor.start_all()
     start = last_report = time.monotonic()
-    print(f"training {cfg.env} in {experiment_dir(cfg)} with {len(children)} processes", flush=True)
+    ranks = f" (rank {cfg.rank} of {cfg.world_size})" if cfg.world_size > 1 else ""
+    print(f"training {cfg.env} in {experiment_dir(cfg)} with {len(children)} processes{ranks}", flush=True)
     try:
         while True:
             time.sleep(0.1)
             for message in drain(shared.stats_queue):
                 stats.consume(message)
             now = time.monotonic()
-            stats.frame_history.append((now, int(shared.run.worker_frames.sum())))
+            stats.frame_history.append((now, frames_collected(cfg, shared)))
+            if shared.run.should_stop():  # under torchrun: another rank ended the run
+                break
             stop_reason = supervisor.check()
             if stop_reason:
                 print(f"error: {stop_reason}; stopping", flush=True)
                 exit_code = 1
                 break
             stats.restarts = supervisor.num_restarts
-            if now - last_report >= cfg.report_every_sec:
+            if now - last_report >= cfg.report_every_sec and cfg.rank == 0:
                 print(status_line(cfg, stats, shared, now - start), flush=True)
-                write_summaries(writer, cfg, stats, shared)
+                summaries.write(cfg, stats, shared)
                 last_report = now
             if shared.run.learner_frames.min() >= cfg.train_for_env_steps or now - start >= cfg.train_for_seconds:
                 break
@@ -1571,9 +1760,12 @@ def train(cfg) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         shutdown(shared, children)
-        print(status_line(cfg, stats, shared, time.monotonic() - start), flush=True)
-        write_summaries(writer, cfg, stats, shared)
-        writer.close()
+        if cfg.rank == 0:
+            print(status_line(cfg, stats, shared, time.monotonic() - start), flush=True)
+            summaries.write(cfg, stats, shared)
+        if cfg.world_size > 1:
+            print(f"rank {cfg.rank} collected {int(shared.run.worker_frames.sum()):,} env frames", flush=True)
+        summaries.close()
     return exit_code
 
 

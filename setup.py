@@ -28,7 +28,8 @@ setup(
     extras_require={
         "doom": ["vizdoom>=1.2.3"],
         "atari": ["ale-py>=0.9"],
-        "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2"],
+        "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2", "matplotlib", "wandb"],
         "bench": ["faster-fifo", "matplotlib"],
+        "wandb": ["wandb"],
     },
 )
