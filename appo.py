@@ -144,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the learner and policy workers run")
     system.add_argument("--learner_threads", type=int, default=min(4, os.cpu_count() or 1),
-                        help="torch threads of the learner (it is the bottleneck on CPU; "
-                             "2 instead of 1 gave +10%% FPS on 2 cores)")
+                        help="torch threads of the learner (default: min(4, CPU cores); it is the "
+                             "bottleneck on CPU, and 2 instead of 1 gave +10%% FPS on 2 cores)")
     system.add_argument("--policy_worker_threads", type=int, default=1,
                         help="torch threads of each policy worker (its batches are small: 2 threads on "
                              "2 cores oversubscribed them and halved FPS)")

@@ -265,8 +265,9 @@ def steady_windows(values: list[float]) -> dict:
     if not values:
         return {"fps": None, "windows": 0, "worst_deviation": None}
     median = statistics.median(values)
-    return {"fps": median, "windows": len(values),
-            "worst_deviation": max(abs(v - median) for v in values) / median if median else None}
+    deviations = [abs(v - median) / median for v in values] if median else [0.0]
+    return {"fps": median, "windows": len(values), "worst_deviation": max(deviations),
+            "within_10_percent": sum(d <= 0.1 for d in deviations) / len(deviations), "window_fps": values}
 
 
 OURS_STATUS = re.compile(r"\[\s*(\d+)s\] frames [\d,]+ \| FPS 10s/60s/300s ([\d,]+)/")
@@ -406,8 +407,9 @@ def format_table(results: list[dict]) -> str:
             leg_runs = [run for run in r["runs"].get(leg, []) if run.get("fps")]
             if leg_runs:
                 run = leg_runs[len(leg_runs) // 2]
-                text = (f"{r['num_envs']} envs, {leg}: {run['windows']} windows, worst one "
-                        f"{run['worst_deviation']:.0%} from the median")
+                text = (f"{r['num_envs']} envs, {leg}: {run['windows']} windows of 10 s, "
+                        f"{run['within_10_percent']:.0%} within 10% of the median, worst "
+                        f"{run['worst_deviation']:.0%} off")
                 if run.get("busy_percent"):
                     text += ", busy " + " ".join(f"{k} {v:.0f}%" for k, v in run["busy_percent"].items())
                 if run.get("lag_avg") is not None:

@@ -21,7 +21,7 @@ def flag_tables() -> str:
         lines += [f"**{group.title}**", "", "| flag | default | meaning |", "|---|---|---|"]
         for action in actions:
             default = "CPU count" if action.dest == "num_workers" else action.default
-            lines.append(f"| `{' / '.join(action.option_strings)}` | {default} | {action.help} |")
+            lines.append(f"| `{' / '.join(action.option_strings)}` | {default} | {action.help.replace('%%', '%')} |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -45,6 +45,7 @@ def test_steady_windows_report_the_median_and_the_worst_window():
     result = bench.steady_windows([100.0, 110.0, 90.0, 80.0])
     assert result["fps"] == 95.0 and result["windows"] == 4
     assert result["worst_deviation"] == pytest.approx(15 / 95)
+    assert result["within_10_percent"] == 0.5 and result["window_fps"] == [100.0, 110.0, 90.0, 80.0]
     assert bench.steady_windows([])["fps"] is None
 
 
