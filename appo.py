@@ -1863,6 +1863,9 @@ def evaluate(cfg) -> int:
         video = VideoWriter(path, envs.game_fps(cfg.env) / cfg.env_frameskip, cfg.video_frames)
     try:
         model = ActorCritic(env.observation_space, env.action_space, cfg).eval()
+        mismatch = checkpoint_mismatch(model, checkpoint["model"])
+        if mismatch:
+            raise CheckpointError(f"the checkpoint does not fit {cfg.env}'s model ({mismatch})")
         model.load_state_dict(checkpoint["model"])
         print(f"playing {cfg.env} with policy version {checkpoint['policy_version']} "
               f"({checkpoint['env_frames']:,} env frames of training)", flush=True)
