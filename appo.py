@@ -1683,9 +1683,10 @@ def experiment_dir(cfg) -> str:
     return os.path.join(cfg.train_dir, cfg.experiment)
 
 
-# Flags that fix the shape of the model or the data: a resumed experiment must keep them.
-IMMUTABLE_FLAGS = ["env", "hidden_size", "rnn_type", "doom_game_variables", "num_policies", "normalize_input",
-                   "normalize_returns"]
+# Flags that fix the shape of the model (and what its buffers mean).
+MODEL_FLAGS = ["hidden_size", "rnn_type", "doom_game_variables", "normalize_input", "normalize_returns"]
+# ... and of the data: a resumed experiment must keep them.
+IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
 
 
 def saved_config_errors(cfg) -> list[str]:
@@ -1797,9 +1798,6 @@ def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0):
 # Evaluation: play a saved policy, print its scores, record what it sees
 # =============================================================================================
 
-# Flags that shape the model or the env: evaluation takes them from the checkpoint.
-MODEL_AND_ENV_FLAGS = ["hidden_size", "rnn_type", "doom_game_variables", "normalize_input", "normalize_returns",
-                       "env_frameskip"]
 
 
 def load_policy_for_eval(cfg) -> dict:
@@ -1819,7 +1817,7 @@ def load_policy_for_eval(cfg) -> dict:
     if saved.get("env", cfg.env) != cfg.env:
         raise CheckpointError(f"the checkpoint was trained on {saved['env']}, not --env {cfg.env}: "
                               f"use --env {saved['env']}")
-    for flag in MODEL_AND_ENV_FLAGS:
+    for flag in MODEL_FLAGS + ["env_frameskip"]:  # play with the model and the env it was trained with
         if flag in saved:
             setattr(cfg, flag, saved[flag])
     return checkpoint

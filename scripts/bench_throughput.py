@@ -96,10 +96,12 @@ def trainer_config(args, envs_per_worker: int) -> list[str]:
 # Pure simulation: worker processes stepping envs with random actions
 # ---------------------------------------------------------------------------------------------
 
-def random_actions(env, num_agents: int):
-    if num_agents == 1:
-        return env.action_space.sample()
-    return [env.action_space.sample() for _ in range(num_agents)]
+def step_randomly(env, num_agents: int):
+    """One step with random actions for every agent; a new episode when all are done."""
+    actions = env.action_space.sample() if num_agents == 1 else [env.action_space.sample() for _ in range(num_agents)]
+    _, reward, terminated, truncated, info = env.step(actions)
+    if all(appo.agent_lists(num_agents, None, reward, terminated, truncated, info)[2]):
+        env.reset()
 
 
 def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go, results):
@@ -120,10 +122,7 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go,
         steps, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             for env, num_agents in zip(env_list, agents):
-                _, reward, terminated, truncated, info = env.step(random_actions(env, num_agents))
-                _, _, dones, _ = appo.agent_lists(num_agents, None, reward, terminated, truncated, info)
-                if all(dones):
-                    env.reset()
+                step_randomly(env, num_agents)
                 steps += 1
         results.put(steps * cfg.env_frameskip / (time.perf_counter() - start))
     finally:
@@ -191,9 +190,7 @@ def measure_env_step(flags: list[str], seconds: float) -> tuple[float, int]:
 
         def step_all():
             for env in env_list:
-                _, reward, terminated, truncated, info = env.step(random_actions(env, num_agents))
-                if all(appo.agent_lists(num_agents, None, reward, terminated, truncated, info)[2]):
-                    env.reset()
+                step_randomly(env, num_agents)
 
         return seconds_per_call(step_all, seconds) / len(env_list), num_agents
     finally:
