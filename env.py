@@ -6,8 +6,13 @@ Every env returned here speaks the Gymnasium API and follows one contract:
   * observations are uint8 CHW images (or a Dict {"obs": image, "measurements": float32 vector});
   * actions are Discrete or a Tuple of Discretes;
   * the reward is the one the learner trains on (Doom: scaled; Atari: clipped to its sign);
-  * when a real game ends, the step's info holds "true_return" (raw score of the whole game) and
-    "true_length" (env frames of the whole game, frameskip included); dmlab_30 adds "level_name".
+  * when a real game ends, the step's info holds "true_return" (raw score of the whole game),
+    "true_length" (env frames of the whole game, frameskip included) and "true_objective" (what
+    population-based training ranks policies by: the true return, except in self-play Doom matches,
+    where it is 1 for a win and 0 otherwise); dmlab_30 adds "level_name";
+  * multi-agent envs (doom_duel, doom_deathmatch_full) have num_agents > 1 and take and return
+    per-agent lists; reward_shaping_weights() and set_reward_shaping() reach the shaped reward of the
+    Doom matches.
 
 The last point is done by two wrappers: GameStatsRecorder sits innermost, below every wrapper
 that changes rewards or episode boundaries, and TrainerInterface, the outermost, hands its report
@@ -18,11 +23,18 @@ Add your own env with register_env(name, factory).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import queue
+import random
 import shutil
+import signal
+import socket
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -62,7 +74,7 @@ def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None 
     if name in _REGISTERED_ENVS:
         return _REGISTERED_ENVS[name](cfg, env_index, render_mode)
 
-    problem = _env_problem(name)
+    problem = _env_problem(name, cfg)
     if problem is not None:
         exception_type, message = problem
         raise exception_type(message)
@@ -95,12 +107,17 @@ def env_defaults(name: str) -> dict:
     problem = _env_problem(name)
     if problem is not None and problem[0] is ValueError:  # an unknown name, not a missing package
         return {}
+    if name in DOOM_MATCHES:
+        return dict(DOOM_MATCH_DEFAULTS)
     return {"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA, **ENV_FLAG_OVERRIDES.get(name, {})}
 
 
-def env_error(name: str) -> str | None:
-    """None if `name` can be created here; otherwise one line naming the problem and the fix."""
-    problem = _env_problem(name)
+def env_error(name: str, cfg=None) -> str | None:
+    """None if `name` can be created here; otherwise one line naming the problem and the fix.
+
+    Pass the run's flags where an env needs files from them (doom_battle: --doom_scenarios_dir).
+    """
+    problem = _env_problem(name, cfg)
     return None if problem is None else problem[1]
 
 
@@ -138,12 +155,15 @@ def get_num_agents(env: gym.Env) -> int:
     return int(num_agents)
 
 
-def _env_problem(name: str) -> tuple[type[Exception], str] | None:
+def _env_problem(name: str, cfg=None) -> tuple[type[Exception], str] | None:
     """(exception type, one-line message) describing why `name` cannot be created, or None."""
     if name in _REGISTERED_ENVS:
         return None
-    if name in DOOM_SCENARIOS:
-        return _missing_packages(name, [("vizdoom", "vizdoom"), ("cv2", "opencv-python-headless")])
+    if name in DOOM_SCENARIOS or name in DOOM_MATCHES:
+        missing = _missing_packages(name, [("vizdoom", "vizdoom"), ("cv2", "opencv-python-headless")])
+        if missing or name in DOOM_MATCHES:
+            return missing
+        return _missing_scenario_files(name, DOOM_SCENARIOS[name], getattr(cfg, "doom_scenarios_dir", None))
     if _is_atari_name(name):
         missing = _missing_packages(name, [("ale_py", "ale-py"), ("cv2", "opencv-python-headless")])
         return missing or _unknown_atari_game(name)
@@ -167,7 +187,7 @@ def _missing_packages(env_name: str, modules_and_packages) -> tuple[type[Excepti
 
 
 def _unknown_env_line(name: str) -> str:
-    known = sorted(DOOM_SCENARIOS) + ["atari_<game> (any ALE game)", "dmlab_<level>", "dmlab_30"]
+    known = sorted([*DOOM_SCENARIOS, *DOOM_MATCHES]) + ["atari_<game> (any ALE game)", "dmlab_<level>", "dmlab_30"]
     known += sorted(_REGISTERED_ENVS)
     return f"unknown env {name!r} (--env): known envs are {', '.join(known)}"
 
@@ -207,6 +227,7 @@ class GameStatsRecorder(gym.Wrapper):
             self._unreported = {
                 "true_return": self._game_return,
                 "true_length": self._game_length,
+                "true_objective": self._game_return,  # only self-play matches rank by anything else
                 **self._extra_stats,
             }
         return obs, reward, terminated, truncated, info
@@ -295,24 +316,96 @@ def _one_of(*buttons: str) -> tuple[tuple[str, ...], ...]:
     return ((),) + tuple((button,) for button in buttons)
 
 
+def _button_and_value(press) -> tuple[str, float]:
+    """A press in an action head is a button name (held down: 1.0) or (button name, value), e.g. the
+    degrees per tic of the delta button TURN_LEFT_RIGHT_DELTA."""
+    return (press, 1.0) if isinstance(press, str) else (press[0], float(press[1]))
+
+
+# The paper's full Doom action space. Turning is one delta button with 21 values 1.25 degrees
+# apart (negative turns left); bin 10 is 0. VizDoom applies the value on every tic of a step, so a
+# step turns value x frameskip degrees.
+DOOM_TURN_DEGREES: tuple[float, ...] = tuple(float(d) for d in np.linspace(-12.5, 12.5, 21))
+DOOM_NO_TURN = DOOM_TURN_DEGREES.index(0.0)
+_MOVE = _one_of("MOVE_FORWARD", "MOVE_BACKWARD")
+_STRAFE = _one_of("MOVE_RIGHT", "MOVE_LEFT")
+_WEAPON = _one_of(*(f"SELECT_WEAPON{slot}" for slot in range(1, 8)))
+_TURN = tuple((("TURN_LEFT_RIGHT_DELTA", degrees),) for degrees in DOOM_TURN_DEGREES)
+# move 3, strafe 3, attack 2, sprint 2, use 2, weapon 8, turn 21
+DOOM_FULL_ACTION_HEADS = (_MOVE, _STRAFE, _one_of("ATTACK"), _one_of("SPEED"), _one_of("USE"), _WEAPON, _TURN)
+# the paper's deathmatch agents had no use button: nothing on those maps needs opening
+DOOM_FULL_ACTION_HEADS_NO_USE = (_MOVE, _STRAFE, _one_of("ATTACK"), _one_of("SPEED"), _WEAPON, _TURN)
+
+# Ammo of the weapon in each slot that fills a player up without a backpack (a backpack doubles it).
+# Slot 1 (fist, chainsaw) needs none; 2 (pistol) and 4 (chaingun) share bullets; 3 shotguns take
+# shells, 5 the rocket launcher rockets, 6 (plasma rifle) and 7 (BFG) share cells.
+_DOOM_FULL_AMMO = (1.0, 1.0, 200.0, 50.0, 200.0, 50.0, 300.0, 300.0)
+
+# The 23 game variables that duel, deathmatch and battle models see: (variable, scale, low, high);
+# the model gets clip(value / scale, low, high). The scales make 1.0 a full or typical amount so
+# that no input dwarfs the others in the first layer; the clip bounds the rare extremes: a telefrag
+# sets health to -999900, a backpack doubles ammo, a strong agent scores dozens of frags.
+DOOM_MEASUREMENTS: tuple[tuple[str, float, float, float], ...] = (
+    ("SELECTED_WEAPON", 7.0, 0.0, 1.0),  # weapon slot 0..7
+    ("SELECTED_WEAPON_AMMO", 100.0, 0.0, 3.0),  # up to 600 cells with a backpack
+    ("HEALTH", 100.0, 0.0, 2.0),  # soul- and megaspheres go up to 200
+    ("ARMOR", 100.0, 0.0, 2.0),
+    ("FRAGCOUNT", 20.0, -1.0, 5.0),  # suicides count -1
+    ("ATTACK_READY", 1.0, 0.0, 1.0),
+    ("PLAYER_COUNT", 8.0, 0.0, 2.0),  # players and bots; Doom has room for 16
+    *((f"WEAPON{slot}", 1.0, 0.0, 2.0) for slot in range(8)),  # weapons held in the slot (slot 3 can hold 2)
+    *((f"AMMO{slot}", _DOOM_FULL_AMMO[slot], 0.0, 2.0) for slot in range(8)),
+)
+DOOM_MEASUREMENT_NAMES: tuple[str, ...] = tuple(name for name, *_ in DOOM_MEASUREMENTS)
+_MEASUREMENT_SCALES = np.array([scale for _, scale, _, _ in DOOM_MEASUREMENTS])
+_MEASUREMENT_LOW = np.array([low for _, _, low, _ in DOOM_MEASUREMENTS], dtype=np.float32)
+_MEASUREMENT_HIGH = np.array([high for _, _, _, high in DOOM_MEASUREMENTS], dtype=np.float32)
+
+
+def doom_measurements(values) -> np.ndarray:
+    """The model's float32 vector from the game variables in DOOM_MEASUREMENT_NAMES order (a
+    sequence), or from a dict holding at least those names."""
+    if isinstance(values, dict):
+        values = [values[name] for name in DOOM_MEASUREMENT_NAMES]
+    scaled = np.asarray(values[: len(DOOM_MEASUREMENTS)], dtype=np.float64) / _MEASUREMENT_SCALES
+    return np.clip(scaled, _MEASUREMENT_LOW, _MEASUREMENT_HIGH).astype(np.float32)
+
+
+def _measurement_space() -> spaces.Box:
+    return spaces.Box(_MEASUREMENT_LOW, _MEASUREMENT_HIGH, dtype=np.float32)
+
+
 @dataclass(frozen=True)
 class DoomScenario:
     cfg_file: str
-    # One entry per action head; each head lists, per option, the buttons that option holds down.
+    # One entry per action head; each head lists, per option, the buttons that option presses
+    # (see _button_and_value: a name, or a name and the value a delta button takes).
     # A single head gives a Discrete action space, several a Tuple of Discretes.
-    action_heads: tuple[tuple[tuple[str, ...], ...], ...]
+    action_heads: tuple
     reward_scale: float
     # Game variables given to the model when cfg.doom_game_variables is set.
     game_variables: tuple[str, ...]
+    # Always give the model DOOM_MEASUREMENTS (scaled) instead of game_variables / 100.
+    full_measurements: bool = False
+    # None: the vizdoom package ships the scenario. Otherwise the map that cfg_file names, which
+    # has to come from --doom_scenarios_dir with it.
+    unpackaged_wad: str | None = None
 
     @property
     def buttons(self) -> list[str]:
         """Every button the heads use, each once, in order of first use."""
-        ordered = []
-        for head in self.action_heads:
-            for option in head:
-                ordered += [button for button in option if button not in ordered]
-        return ordered
+        return _buttons_of(self.action_heads)
+
+
+def _buttons_of(action_heads) -> list[str]:
+    ordered = []
+    for head in action_heads:
+        for option in head:
+            for press in option:
+                button, _ = _button_and_value(press)
+                if button not in ordered:
+                    ordered.append(button)
+    return ordered
 
 
 # Action spaces and reward scales as in Sample Factory's doom_utils.py. The buttons are set here
@@ -373,17 +466,37 @@ DOOM_SCENARIOS: dict[str, DoomScenario] = {
         reward_scale=1.0,
         game_variables=("HEALTH",),
     ),
+    # The paper's Battle and Battle2 (Sample Factory's maps, not in the vizdoom package): monsters
+    # to kill, health and ammo to gather; the map's own reward, the 23 measurements always on.
+    "doom_battle": DoomScenario(
+        "battle.cfg",
+        DOOM_FULL_ACTION_HEADS_NO_USE,
+        reward_scale=1.0,
+        game_variables=DOOM_MEASUREMENT_NAMES,
+        full_measurements=True,
+        unpackaged_wad="battle.wad",
+    ),
+    "doom_battle2": DoomScenario(
+        "battle2.cfg",
+        DOOM_FULL_ACTION_HEADS_NO_USE,
+        reward_scale=1.0,
+        game_variables=DOOM_MEASUREMENT_NAMES,
+        full_measurements=True,
+        unpackaged_wad="battle2.wad",
+    ),
 }
 
 
 def make_doom_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> gym.Env:
+    if name in DOOM_MATCHES:
+        return make_doom_match_env(name, cfg, env_index, render_mode)
     scenario = DOOM_SCENARIOS[name]
     cfg_path = _doom_scenario_file(scenario.cfg_file, getattr(cfg, "doom_scenarios_dir", None))
     env = DoomEnv(
         scenario,
         cfg_path,
         frameskip=_frameskip(cfg),
-        with_game_variables=bool(getattr(cfg, "doom_game_variables", False)),
+        with_game_variables=scenario.full_measurements or bool(getattr(cfg, "doom_game_variables", False)),
         render_mode=render_mode,
     )
     stats = env = GameStatsRecorder(env, frames_per_step=env.frameskip)
@@ -402,6 +515,24 @@ def _doom_scenario_file(filename: str, scenarios_dir: str | None) -> str:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Doom scenario file {path} not found (looked there because of --doom_scenarios_dir)")
     return path
+
+
+def _missing_scenario_files(name: str, scenario: DoomScenario, scenarios_dir: str | None):
+    """Battle and Battle2 come only from --doom_scenarios_dir: the first file missing there, or None."""
+    if scenario.unpackaged_wad is None:
+        return None
+    for filename in (scenario.cfg_file, scenario.unpackaged_wad):
+        if scenarios_dir is None:
+            return FileNotFoundError, (
+                f"--env {name} needs {filename}, which the vizdoom package does not ship: put "
+                f"{scenario.cfg_file} and {scenario.unpackaged_wad} in a folder and pass --doom_scenarios_dir FOLDER"
+            )
+        if not os.path.isfile(os.path.join(scenarios_dir, filename)):
+            return FileNotFoundError, (
+                f"--env {name} needs {filename}, not found in --doom_scenarios_dir {scenarios_dir}: "
+                f"put {scenario.cfg_file} and {scenario.unpackaged_wad} there"
+            )
+    return None
 
 
 class DoomEnv(gym.Env):
@@ -423,12 +554,15 @@ class DoomEnv(gym.Env):
         self.render_mode = render_mode
         self.frameskip = frameskip
         self._with_game_variables = with_game_variables
-        self._button_table = _doom_button_table(scenario)
+        self._full_measurements = scenario.full_measurements
+        self._button_table = _doom_button_table(scenario.action_heads)
         self.game = _start_doom_game(scenario, cfg_path)
 
-        self.action_space = _doom_action_space(scenario)
+        self.action_space = _doom_action_space(scenario.action_heads)
         image_space = spaces.Box(0, 255, (3, DOOM_SCREEN_HEIGHT, DOOM_SCREEN_WIDTH), dtype=np.uint8)
-        if with_game_variables:
+        if scenario.full_measurements:
+            self.observation_space = spaces.Dict({"obs": image_space, "measurements": _measurement_space()})
+        elif with_game_variables:
             measurements = spaces.Box(-np.inf, np.inf, (len(scenario.game_variables),), dtype=np.float32)
             self.observation_space = spaces.Dict({"obs": image_space, "measurements": measurements})
         else:
@@ -463,16 +597,15 @@ class DoomEnv(gym.Env):
             self.game = None
 
     def _buttons_for(self, action) -> list:
-        heads = (action,) if len(self._button_table) == 1 else action
-        pressed = sum(table[int(option)] for table, option in zip(self._button_table, heads))
-        return pressed.tolist()
+        return _doom_buttons(self._button_table, action)
 
     def _observe(self):
         state = self.game.get_state()
         self._last_screen = state.screen_buffer
-        resized = cv2.resize(state.screen_buffer, (DOOM_SCREEN_WIDTH, DOOM_SCREEN_HEIGHT), interpolation=cv2.INTER_AREA)
-        image = np.ascontiguousarray(resized.transpose(2, 0, 1))
-        if self._with_game_variables:
+        image = _doom_image(state.screen_buffer)
+        if self._full_measurements:
+            self._last_obs = {"obs": image, "measurements": doom_measurements(state.game_variables)}
+        elif self._with_game_variables:
             measurements = np.asarray(state.game_variables, dtype=np.float32) / DOOM_GAME_VARIABLE_SCALE
             self._last_obs = {"obs": image, "measurements": measurements}
         else:
@@ -487,22 +620,50 @@ class DoomEnv(gym.Env):
         return self.game.get_episode_time() >= self.game.get_episode_start_time() + timeout
 
 
-def _doom_action_space(scenario: DoomScenario) -> spaces.Space:
-    heads = [spaces.Discrete(len(head)) for head in scenario.action_heads]
+def _doom_image(screen: np.ndarray) -> np.ndarray:
+    """160x120 HWC screen -> the model's 128x72 CHW frame."""
+    resized = cv2.resize(screen, (DOOM_SCREEN_WIDTH, DOOM_SCREEN_HEIGHT), interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(resized.transpose(2, 0, 1))
+
+
+def _doom_action_space(action_heads) -> spaces.Space:
+    heads = [spaces.Discrete(len(head)) for head in action_heads]
     return heads[0] if len(heads) == 1 else spaces.Tuple(heads)
 
 
-def _doom_button_table(scenario: DoomScenario) -> list[np.ndarray]:
-    """Per head, a (num_options, num_buttons) 0/1 array; summing rows over heads gives the buttons."""
-    buttons = scenario.buttons
+def _doom_button_table(action_heads) -> list[np.ndarray]:
+    """Per head, a (num_options, num_buttons) array of button values; summing the chosen rows over
+    the heads gives the buttons to send (no two heads share a button)."""
+    buttons = _buttons_of(action_heads)
     tables = []
-    for head in scenario.action_heads:
+    for head in action_heads:
         table = np.zeros((len(head), len(buttons)), dtype=np.float64)
-        for option, pressed in enumerate(head):
-            for button in pressed:
-                table[option, buttons.index(button)] = 1.0
+        for option, presses in enumerate(head):
+            for press in presses:
+                button, value = _button_and_value(press)
+                table[option, buttons.index(button)] = value
         tables.append(table)
     return tables
+
+
+def _doom_buttons(button_table: list[np.ndarray], action) -> list:
+    heads = (action,) if len(button_table) == 1 else action
+    pressed = sum(table[int(option)] for table, option in zip(button_table, heads))
+    return pressed.tolist()
+
+
+def _configure_doom_game(game, buttons: list[str], game_variables) -> None:
+    """What every Doom env shares: 160x120 RGB off screen, synchronous, these buttons and variables."""
+    import vizdoom as vzd
+
+    game.set_screen_resolution(vzd.ScreenResolution.RES_160X120)
+    game.set_screen_format(vzd.ScreenFormat.RGB24)
+    game.set_window_visible(False)
+    game.set_mode(vzd.Mode.PLAYER)  # synchronous: the game waits for our actions
+    game.set_available_buttons([getattr(vzd.Button, button) for button in buttons])
+    game.set_available_game_variables([getattr(vzd.GameVariable, var) for var in game_variables])
+    # VizDoom writes its settings file into the working directory unless told otherwise
+    game.set_doom_config_path(os.path.join(tempfile.gettempdir(), "appo_vizdoom.ini"))
 
 
 def _start_doom_game(scenario: DoomScenario, cfg_path: str):
@@ -513,16 +674,609 @@ def _start_doom_game(scenario: DoomScenario, cfg_path: str):
     wad_path = game.get_doom_scenario_path()  # resolved relative to the .cfg
     if wad_path and not os.path.isfile(wad_path):
         raise FileNotFoundError(f"Doom scenario file {wad_path} (named in {cfg_path}) not found; check --doom_scenarios_dir")
-    game.set_screen_resolution(vzd.ScreenResolution.RES_160X120)
-    game.set_screen_format(vzd.ScreenFormat.RGB24)
-    game.set_window_visible(False)
-    game.set_mode(vzd.Mode.PLAYER)  # synchronous: the game waits for our actions
-    game.set_available_buttons([getattr(vzd.Button, button) for button in scenario.buttons])
-    game.set_available_game_variables([getattr(vzd.GameVariable, var) for var in scenario.game_variables])
-    # VizDoom writes its settings file into the working directory unless told otherwise
-    game.set_doom_config_path(os.path.join(tempfile.gettempdir(), "appo_vizdoom.ini"))
+    _configure_doom_game(game, scenario.buttons, scenario.game_variables)
     game.init()
     return game
+
+
+# ------------------------------------------------------------------------------------------------
+# VizDoom matches: duel and deathmatch against bots and in self-play, with reward shaping
+# ------------------------------------------------------------------------------------------------
+
+# The paper's settings for duel and deathmatch: a finer action repeat and a longer horizon.
+DOOM_MATCH_DEFAULTS = {"env_frameskip": 2, "gamma": 0.995}
+
+# The training reward of the matches: weight x the per-step change of a game quantity (see
+# doom_reward_events). One table, so that population-based training can mutate every weight
+# (appo.py's reward/<name> hyperparameters); set_reward_shaping() gives an agent other weights.
+DOOM_REWARD_SHAPING: dict[str, float] = {
+    "frag": 1.0,  # the game's own score (a suicide counts -1)
+    "death": -0.5,  # dying also loses the weapons and ammo gathered
+    "hit": 0.01,  # per shot that hits another player
+    "damage": 0.002,  # per hit point dealt: taking a full-health player down adds 0.2
+    "hit_taken": -0.005,
+    "damage_taken": -0.001,  # per hit point lost
+    "health": 0.002,  # per hit point picked up: a medikit adds 0.05
+    "armor": 0.002,  # per armour point picked up: green armour adds 0.2
+    "weapon": 0.2,  # x DOOM_WEAPON_PREFERENCE of each weapon picked up
+    "ammo": 0.2,  # x preference, per full load (_DOOM_FULL_AMMO) of ammo picked up
+}
+
+# What a weapon slot is worth when picked up: the stronger the weapon, the more. Slot 1 fist and
+# chainsaw, 2 pistol, 3 shotguns, 4 chaingun, 5 rocket launcher, 6 plasma rifle, 7 BFG.
+DOOM_WEAPON_PREFERENCE: tuple[float, ...] = (0.0, 0.1, 0.1, 0.5, 0.5, 1.0, 0.8, 0.8)
+# Each ammo type once (slots 4 and 7 share the ammo of 2 and 6), worth its best weapon.
+_DOOM_AMMO_PREFERENCE = {"AMMO2": 0.5, "AMMO3": 0.5, "AMMO5": 1.0, "AMMO6": 0.8}
+# Damage counters jump by 1,000,000 on a telefrag; no fight deals more than this in one step.
+_DOOM_MAX_DAMAGE_PER_STEP = 200.0
+
+# What the shaping and the game statistics read, besides the measurements.
+_DOOM_EVENT_VARIABLES = ("DEATHCOUNT", "HITCOUNT", "HITS_TAKEN", "DAMAGECOUNT", "DAMAGE_TAKEN")
+DOOM_MATCH_VARIABLES: tuple[str, ...] = DOOM_MEASUREMENT_NAMES + _DOOM_EVENT_VARIABLES
+
+
+def doom_reward_events(previous: dict[str, float], current: dict[str, float]) -> dict[str, float]:
+    """How much of each DOOM_REWARD_SHAPING quantity happened between two readings of one player's
+    game variables (dicts holding DOOM_MATCH_VARIABLES)."""
+
+    def gain(name: str) -> float:
+        return current[name] - previous[name]
+
+    died = gain("DEATHCOUNT") > 0
+    # pickups count only while alive before and after: a respawn refills health and resets the
+    # weapons without any pickup
+    alive = not died and previous["HEALTH"] > 0 and current["HEALTH"] > 0
+
+    def picked_up(name: str) -> float:
+        return max(gain(name), 0.0) if alive else 0.0
+
+    return {
+        "frag": gain("FRAGCOUNT"),
+        "death": gain("DEATHCOUNT"),
+        "hit": gain("HITCOUNT"),
+        "damage": min(gain("DAMAGECOUNT"), _DOOM_MAX_DAMAGE_PER_STEP),
+        "hit_taken": gain("HITS_TAKEN"),
+        "damage_taken": min(gain("DAMAGE_TAKEN"), _DOOM_MAX_DAMAGE_PER_STEP),
+        "health": picked_up("HEALTH"),
+        "armor": picked_up("ARMOR"),
+        "weapon": sum(DOOM_WEAPON_PREFERENCE[slot] * picked_up(f"WEAPON{slot}") for slot in range(8)),
+        "ammo": sum(
+            preference * picked_up(name) / _DOOM_FULL_AMMO[int(name[-1])]
+            for name, preference in _DOOM_AMMO_PREFERENCE.items()
+        ),
+    }
+
+
+class DoomRewardShaping:
+    """One agent's shaped reward: sum of weight x doom_reward_events between consecutive readings.
+
+    start() takes the game variables at the start of a game, reward() those after each step.
+    """
+
+    def __init__(self, weights: dict[str, float] | None = None):
+        self.weights = dict(DOOM_REWARD_SHAPING)
+        self._previous: dict[str, float] | None = None
+        if weights:
+            self.set_weights(weights)
+
+    def set_weights(self, weights: dict[str, float]) -> None:
+        """New values for some or all weights; other names are an error."""
+        unknown = sorted(set(weights) - set(DOOM_REWARD_SHAPING))
+        if unknown:
+            raise ValueError(
+                f"unknown Doom reward-shaping weights {', '.join(unknown)}; known are {', '.join(DOOM_REWARD_SHAPING)}"
+            )
+        self.weights.update({name: float(value) for name, value in weights.items()})
+
+    def start(self, variables: dict[str, float]) -> None:
+        self._previous = dict(variables)
+
+    def reward(self, variables: dict[str, float]) -> float:
+        events = doom_reward_events(self._previous, variables)
+        self._previous = dict(variables)
+        return float(sum(self.weights[name] * amount for name, amount in events.items()))
+
+
+def reward_shaping_weights(env: gym.Env) -> dict[str, float] | None:
+    """The reward-shaping weights of agent 0 of `env` (as created: the defaults), or None if the env
+    has no shaped reward."""
+    match = _find_doom_match(env)
+    return None if match is None else match.reward_shaping_weights(0)
+
+
+def set_reward_shaping(env: gym.Env, agent: int, weights: dict[str, float]) -> None:
+    """Gives agent `agent` of `env` these reward-shaping weights from its next step on."""
+    match = _find_doom_match(env)
+    if match is None:
+        raise ValueError(f"{env} has no reward shaping (only the doom_*duel*/doom_*deathmatch* envs do)")
+    match.set_reward_shaping(agent, weights)
+
+
+def _find_doom_match(env) -> "DoomMatchEnv | None":
+    # gymnasium wrappers do not forward attributes: walk down the chain
+    while env is not None:
+        if isinstance(env, DoomMatchEnv):
+            return env
+        env = getattr(env, "env", None)
+    return None
+
+
+@dataclass(frozen=True)
+class DoomMatch:
+    """A deathmatch on a map of the vizdoom package: `num_agents` learning players (agent 0 hosts
+    the network game, the others join it) and `num_bots` of ZDoom's built-in bots."""
+
+    wad_file: str
+    map_name: str
+    num_agents: int
+    num_bots: int
+    minutes: float  # match length, unless cfg.doom_match_minutes says otherwise
+    action_heads: tuple
+
+    @property
+    def self_play(self) -> bool:
+        """Agents play each other: the objective is winning, not the number of frags."""
+        return self.num_agents > 1
+
+
+# Maps of the vizdoom package. multi_duel.wad: a small arena with 2 deathmatch starts, where
+# everyone (re)spawns with a rocket launcher; mind the pit. cig.wad MAP02 (the CIG 2016 full
+# deathmatch map): 11 deathmatch starts, a pistol to start with and the whole arsenal, ammo, health
+# and armour to pick up. Not multi_deathmatch.wad: a two-player game that ends at the first kill,
+# with 2 starts (8 players kept telefragging each other there); not cig.wad MAP01: rockets only.
+DOOM_MATCHES: dict[str, DoomMatch] = {
+    "doom_duel_bots": DoomMatch("multi_duel.wad", "map01", num_agents=1, num_bots=1, minutes=3.0,
+                                action_heads=DOOM_FULL_ACTION_HEADS),
+    "doom_duel": DoomMatch("multi_duel.wad", "map01", num_agents=2, num_bots=0, minutes=3.0,
+                           action_heads=DOOM_FULL_ACTION_HEADS),
+    "doom_deathmatch_bots": DoomMatch("cig.wad", "map02", num_agents=1, num_bots=7, minutes=4.0,
+                                      action_heads=DOOM_FULL_ACTION_HEADS_NO_USE),
+    "doom_deathmatch_full": DoomMatch("cig.wad", "map02", num_agents=4, num_bots=4, minutes=4.0,
+                                      action_heads=DOOM_FULL_ACTION_HEADS_NO_USE),
+}
+
+# A VizDoom call of a healthy match returns within milliseconds; a player whose peer died waits
+# for it forever, so after this long the match counts as failed (and its processes are killed).
+# Well under appo.py's --env_step_timeout (60 s): the env fails and is made again before the
+# trainer gives up on the whole rollout worker.
+DOOM_MATCH_TIMEOUT_S = 30.0
+# A player that runs more than 2 tics in one VizDoom call can leave a peer waiting for it forever
+# (in vizdoom 1.3.2 a frameskip of 3 stalled a duel now and then, 4 nearly always; 1 and 2 never did
+# in thousands of steps), so network players run longer frameskips in rounds of at most this many
+# tics, all players together.
+DOOM_NET_TICS_PER_CALL = 2
+# How long the host waits for the others to join before VizDoom gives up (which, in vizdoom 1.3.2,
+# crashes the Python process: see _reserve_match_port). Generous: envs start slowly on a busy machine.
+DOOM_CONNECT_TIMEOUT_S = 60
+
+
+def make_doom_match_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> "DoomMatchEnv":
+    minutes = getattr(cfg, "doom_match_minutes", None)
+    return DoomMatchEnv(
+        DOOM_MATCHES[name],
+        frameskip=_frameskip(cfg),
+        minutes=None if minutes is None else float(minutes),
+        seed=_run_seed(cfg, env_index),
+        render_mode=render_mode,
+    )
+
+
+class _PlayerThread:
+    """Runs one player's VizDoom calls on a thread of its own, one task at a time; each result
+    (tag, error or None, value) goes to the shared `results` queue."""
+
+    def __init__(self, name: str, results: queue.SimpleQueue):
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._results = results
+        # daemon: a player stuck inside VizDoom must not keep the interpreter from exiting
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, tag, function, *args) -> None:
+        self._tasks.put((tag, function, args))
+
+    def stop(self) -> None:
+        self._tasks.put(None)
+
+    def _serve(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            tag, function, args = task
+            try:
+                self._results.put((tag, None, function(*args)))
+            except BaseException as error:  # the caller raises it
+                self._results.put((tag, error, None))
+
+
+class DoomMatchEnv(gym.Env):
+    """One Doom deathmatch (DoomMatch): its agents, its bots, and the shaped reward of each agent.
+
+    One agent: the usual single-agent API. Several: one env for all of them, as appo.py expects:
+    reset() -> (list of obs, list of infos); step(list of actions) -> (list of obs, list of rewards,
+    list of terminated, list of truncated, list of infos). Observations are {"obs": 3x72x128 uint8,
+    "measurements": the 23 DOOM_MEASUREMENTS}; the reward is DoomRewardShaping's. When the match
+    ends (its time limit; for all agents at the same tic), each info holds true_return (the agent's
+    frags), true_length (frames) and true_objective (frags against bots; in self-play 1.0 for more
+    frags than every other agent, else 0.0).
+
+    Each agent plays its own vizdoom process. A network game runs a tic only once every player sent
+    its input for it, so each VizDoom call that runs tics (init, new_episode, advance_action) blocks
+    until the other players make theirs: every player's calls run on its own thread (VizDoom
+    releases the GIL while it runs or waits), all players run the step's `frameskip` tics together
+    (in rounds of at most DOOM_NET_TICS_PER_CALL), and a step returns when all have. Dead agents
+    come back by the server's forced respawn; respawn_player() would run tics for one player alone
+    and wait forever for the others. A player that fails or hangs (DOOM_MATCH_TIMEOUT_S) fails the
+    whole match: its processes are killed and the call raises RuntimeError.
+    """
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(
+        self,
+        match: DoomMatch,
+        frameskip: int = 2,
+        minutes: float | None = None,
+        seed: int | None = None,
+        render_mode: str | None = None,
+    ):
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"Doom envs support render_mode None or 'rgb_array', not {render_mode!r}")
+        self.match = match
+        self.num_agents = match.num_agents
+        self.frameskip = frameskip
+        self.minutes = match.minutes if minutes is None else minutes
+        self.render_mode = render_mode
+        self.action_space = _doom_action_space(match.action_heads)
+        self.observation_space = spaces.Dict({
+            "obs": spaces.Box(0, 255, (3, DOOM_SCREEN_HEIGHT, DOOM_SCREEN_WIDTH), dtype=np.uint8),
+            "measurements": _measurement_space(),
+        })
+        self._button_table = _doom_button_table(match.action_heads)
+        self._shaping = [DoomRewardShaping() for _ in range(self.num_agents)]
+        self._first_seed = seed
+
+        self._games: list = []
+        self._threads: list[_PlayerThread] = []
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls = 0  # tags results, so that an answer to an abandoned call is never taken for a newer one
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._port, self._port_token = None, None
+        self._shared_memory: list[str] = []
+        self._last_obs: list = [None] * self.num_agents
+        self._last_screen = None
+        self._frags_at_start = [0.0] * self.num_agents
+        self._frags = [0.0] * self.num_agents
+        self._game_length = 0
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- gymnasium API -------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is None:
+            seed = self._first_seed
+        self._first_seed = None
+        super().reset(seed=seed)
+        doom_seed = None if seed is None else seed % 2**32  # Doom seeds are 32-bit
+        looks = self._on_every_player(self._new_episode, [doom_seed] * self.num_agents)
+        if self.match.num_bots:
+            host = self._games[0]
+            host.send_game_command("removebots")  # bots outlive a restart of the map
+            for _ in range(self.match.num_bots):
+                host.send_game_command("addbot")
+        for agent, (_, variables, _) in enumerate(looks):
+            self._shaping[agent].start(variables)
+            # Doom zeroes the frag count of a new match but keeps other counters: count from here
+            self._frags_at_start[agent] = variables["FRAGCOUNT"]
+        self._frags = [0.0] * self.num_agents
+        self._game_length = 0
+        obs = [look[0] for look in looks]
+        infos = [{} for _ in looks]
+        return (obs[0], infos[0]) if self.num_agents == 1 else (obs, infos)
+
+    def step(self, actions):
+        per_agent = [actions] if self.num_agents == 1 else list(actions)
+        if len(per_agent) != self.num_agents:
+            raise ValueError(f"{self.num_agents} agents need {self.num_agents} actions, got {len(per_agent)}")
+        if self.num_agents == 1:
+            rounds = [self.frameskip]
+        else:
+            rounds = [DOOM_NET_TICS_PER_CALL] * (self.frameskip // DOOM_NET_TICS_PER_CALL)
+            rounds += [self.frameskip % DOOM_NET_TICS_PER_CALL] if self.frameskip % DOOM_NET_TICS_PER_CALL else []
+        for round_index, tics in enumerate(rounds):
+            last_round = round_index == len(rounds) - 1
+            looks = self._on_every_player(functools.partial(self._step_player, tics=tics, last_round=last_round),
+                                          per_agent)
+        self._game_length += self.frameskip
+        match_over = any(over for _, _, over in looks)
+        rewards, infos = [], []
+        for agent, (_, variables, _) in enumerate(looks):
+            rewards.append(self._shaping[agent].reward(variables))
+            self._frags[agent] = variables["FRAGCOUNT"] - self._frags_at_start[agent]
+            infos.append({})
+        if match_over:
+            for agent, info in enumerate(infos):
+                info["true_return"] = self._frags[agent]
+                info["true_length"] = self._game_length
+                info["true_objective"] = self._objective(agent)
+        obs = [look[0] for look in looks]
+        if self.num_agents == 1:
+            return obs[0], rewards[0], match_over, False, infos[0]
+        return obs, rewards, [match_over] * self.num_agents, [False] * self.num_agents, infos
+
+    def render(self):
+        """Agent 0's view at full resolution (HWC RGB)."""
+        return self._last_screen if self.render_mode == "rgb_array" else None
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        if self._threads:
+            for thread, game in zip(self._threads, self._games):
+                thread.submit(None, game.close)
+                thread.stop()
+            if not self._threads_finished(within_s=10.0):
+                self._kill_players()  # a player stuck in VizDoom returns once its process is gone
+                self._threads_finished(within_s=10.0)
+        else:
+            for game in self._games:
+                game.close()
+        self._games, self._threads = [], []
+        for path in self._shared_memory:  # VizDoom's own close removes these unless a process died badly
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        if self._port_token is not None:
+            self._port_token.close()
+            self._port_token = None
+
+    # -- for appo.py (population-based training) and evaluation ---------------------------------
+
+    def reward_shaping_weights(self, agent: int) -> dict[str, float]:
+        return dict(self._shaping[agent].weights)
+
+    def set_reward_shaping(self, agent: int, weights: dict[str, float]) -> None:
+        if not 0 <= agent < self.num_agents:
+            raise ValueError(f"agent {agent} does not exist: this env has {self.num_agents} agent(s)")
+        self._shaping[agent].set_weights(weights)
+
+    def buttons_for(self, action) -> list[float]:
+        """The value of each button (in the order of the game's available buttons) for an action."""
+        return _doom_buttons(self._button_table, action)
+
+    @property
+    def game_return(self) -> float:
+        """Agent 0's frags in the match so far (evaluation shows them on its video)."""
+        return self._frags[0]
+
+    @property
+    def port(self) -> int | None:
+        """The UDP port the host listens on (None with a single agent: no network game)."""
+        return self._port
+
+    @property
+    def games(self) -> list:
+        """Each agent's vizdoom.DoomGame (to inspect it; calling one that runs tics would hang)."""
+        return list(self._games)
+
+    # -- the players ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self.num_agents > 1:
+            self._port, self._port_token = _reserve_match_port()
+        self._games = [self._new_game(agent) for agent in range(self.num_agents)]
+        if self.num_agents > 1:
+            self._threads = [_PlayerThread(f"doom-player-{agent}", self._results) for agent in range(self.num_agents)]
+        self._on_every_player(lambda agent, _: self._games[agent].init(), [None] * self.num_agents,
+                              timeout_s=DOOM_CONNECT_TIMEOUT_S + DOOM_MATCH_TIMEOUT_S)
+        if self.num_agents > 1:
+            self._shared_memory = shared_memory_of(self._player_processes())
+
+    def _new_game(self, agent: int):
+        import vizdoom as vzd
+
+        game = vzd.DoomGame()
+        game.set_doom_scenario_path(os.path.join(vzd.scenarios_path, self.match.wad_file))
+        game.set_doom_map(self.match.map_name)
+        _configure_doom_game(game, _buttons_of(self.match.action_heads), DOOM_MATCH_VARIABLES)
+        game.set_render_hud(False)  # the measurements carry what the HUD shows
+        game.set_render_crosshair(True)
+        if self._first_seed is not None:
+            # where players spawn follows the seed the game starts with, not one set before a new match
+            game.set_seed(self._first_seed % 2**32)
+        if agent == 0:
+            args = [
+                f"-host {self.num_agents}",  # network players; the bots come on top
+                "-deathmatch",
+                f"+timelimit {self.minutes}",  # minutes of game time; then the match is over for all
+                "+sv_forcerespawn 1",  # the dead come back by themselves (see the class docstring)
+                "+viz_respawn_delay 0",
+                "+sv_respawnprotect 1",  # a moment of invulnerability after spawning
+                "+sv_spawnfarthest 1",
+                "+sv_noautoaim 1",
+                "+sv_nocrouch 1",
+                "+sv_nojump 1",
+                "+sv_nofreelook 1",  # the action space has no looking up or down
+                "+sv_noexit 1",  # the match ends by its time limit, not at an exit switch
+            ]
+            if self.num_agents > 1:
+                args.append(f"-port {self._port}")
+        else:
+            args = [f"-join 127.0.0.1 -port {self._port}"]
+        if self.num_agents > 1:
+            args.append(f"+viz_connect_timeout {DOOM_CONNECT_TIMEOUT_S}")
+        args.append(f"+name agent{agent} +colorset {agent % 8}")
+        game.add_game_args(" ".join(args))
+        return game
+
+    def _new_episode(self, agent: int, doom_seed: int | None):
+        game = self._games[agent]
+        if doom_seed is not None:
+            game.set_seed(doom_seed)  # every player the same: the network game is one simulation
+        game.new_episode()
+        return self._look(agent)
+
+    def _step_player(self, agent: int, action, tics: int, last_round: bool):
+        """Runs `tics` tics of one player; only the last round of a step renders and looks."""
+        game = self._games[agent]
+        if game.is_episode_finished():  # the match ended in an earlier round of this step
+            return self._look(agent) if last_round else None
+        game.set_action(self.buttons_for(action))
+        game.advance_action(tics, last_round)
+        if self.num_agents == 1 and game.is_player_dead() and not game.is_episode_finished():
+            game.respawn_player()  # alone on the network, respawning waits for nobody
+        return self._look(agent) if last_round else None
+
+    def _look(self, agent: int):
+        """(observation, game variables as a dict, whether the match is over) of one player."""
+        game = self._games[agent]
+        if game.is_episode_finished():  # no state any more; the variables can still be read
+            values = [game.get_game_variable(variable) for variable in game.get_available_game_variables()]
+            return self._last_obs[agent], dict(zip(DOOM_MATCH_VARIABLES, values)), True
+        state = game.get_state()
+        values = state.game_variables
+        obs = {"obs": _doom_image(state.screen_buffer), "measurements": doom_measurements(values)}
+        self._last_obs[agent] = obs
+        if agent == 0:
+            self._last_screen = state.screen_buffer
+        return obs, dict(zip(DOOM_MATCH_VARIABLES, values.tolist())), False
+
+    def _objective(self, agent: int) -> float:
+        if not self.match.self_play:
+            return self._frags[agent]
+        others = [frags for other, frags in enumerate(self._frags) if other != agent]
+        return 1.0 if self._frags[agent] > max(others) else 0.0
+
+    def _on_every_player(self, function, per_agent_args: list, timeout_s: float | None = None) -> list:
+        """[function(agent, arg) for each agent], all players at once; raises if any fails or hangs.
+
+        A failed match stays failed: appo.py closes it and makes a new one.
+        """
+        if self._failure is not None:
+            raise RuntimeError(f"this Doom match failed earlier ({self._failure!r}); close it and create a new env")
+        if self._closed:
+            raise RuntimeError("this Doom match is closed")
+        if not self._threads:  # a single player blocks on nobody
+            return [function(0, per_agent_args[0])]
+        if timeout_s is None:
+            timeout_s = DOOM_MATCH_TIMEOUT_S
+        self._calls += 1
+        for agent, thread in enumerate(self._threads):
+            thread.submit((self._calls, agent), function, agent, per_agent_args[agent])
+        results, answered = [None] * self.num_agents, [False] * self.num_agents
+        deadline = time.monotonic() + timeout_s
+        while not all(answered):
+            try:
+                tag, error, value = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                late = [agent for agent, done in enumerate(answered) if not done]
+                tag, value = (self._calls, late[0]), None
+                error = TimeoutError(f"Doom players {late} did not answer within {timeout_s:g} s")
+            if tag is None or tag[0] != self._calls:
+                continue  # the end of close(), or the late answer of a call abandoned earlier
+            if error is not None:
+                self._fail(error, agent=tag[1])
+            results[tag[1]] = value
+            answered[tag[1]] = True
+        return results
+
+    def _fail(self, error: BaseException, agent: int | None = None):
+        """Marks the match failed, ends its processes (the other players would wait for the failed
+        one forever) and raises."""
+        self._failure = error
+        self._kill_players()
+        who = "" if agent is None else f"agent {agent} of "
+        raise RuntimeError(f"{who}a Doom match on {self.match.wad_file} failed: {error!r}") from error
+
+    def _player_processes(self) -> list[int]:
+        """The vizdoom processes of this match: children of this process hosting or joining its port."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = f.read().decode(errors="replace").split("\0")
+            except (OSError, ValueError, IndexError):
+                continue  # exited meanwhile
+            if parent == os.getpid() and "+viz_instance_id" in args and "-port" in args[:-1]:
+                if args[args.index("-port") + 1] == str(self._port):
+                    found.append(int(entry))
+        return found
+
+    def _kill_players(self) -> None:
+        if self._port is None:
+            return
+        for pid in self._player_processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _threads_finished(self, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        for thread in self._threads:
+            thread.thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.thread.is_alive() for thread in self._threads)
+
+
+_MATCH_PORT_TOKEN_PREFIX = "\0appo-vizdoom-udp-port-"  # abstract Unix socket names (Linux)
+
+
+def _reserve_match_port(attempts: int = 1000) -> tuple[int, socket.socket | None]:
+    """A UDP port for a match's host, and the token that keeps every other match off it until closed.
+
+    Why not simply bind port 0 and hand the port the OS picked to the host: vizdoom 1.3.2 crashes
+    the whole Python process (segfault) when a network game fails to start, e.g. when the host
+    cannot bind its port, so there is no retrying after a collision; and a port from bind(0) is
+    free again between the probe and the host's bind, in the very range (the OS's ephemeral ports)
+    from which the joining players bind theirs. So: a random port outside the ephemeral range,
+    drawn from the OS's entropy (envs seeded alike must not draw alike), reserved by binding an
+    abstract Unix socket named after it (the kernel refuses a second bind of a name, machine-wide,
+    and frees it when the token is closed or its process dies: no files to clean up), then probed
+    with a UDP bind in case a program outside appo holds it.
+    """
+    lowest_ephemeral, highest_ephemeral = _ephemeral_port_range()
+    draw = random.SystemRandom()
+    for _ in range(attempts):
+        port = draw.randrange(1024, 65536)
+        if lowest_ephemeral <= port <= highest_ephemeral:
+            continue
+        token = None
+        if sys.platform.startswith("linux"):
+            token = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            try:
+                token.bind(f"{_MATCH_PORT_TOKEN_PREFIX}{port}")
+            except OSError:  # another match has it
+                token.close()
+                continue
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.bind(("", port))  # all interfaces, as the host will
+        except OSError:
+            if token is not None:
+                token.close()
+            continue
+        finally:
+            probe.close()
+        return port, token
+    raise RuntimeError(f"no free UDP port for a Doom match after {attempts} tries")
+
+
+def _ephemeral_port_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(value) for value in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 # ------------------------------------------------------------------------------------------------
