@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="Doom: add the scenario's game variables to the observation")
     env_group.add_argument("--doom_scenarios_dir", default=None,
                            help="Doom: load scenario .cfg/.wad files from this folder")
+    env_group.add_argument("--doom_match_minutes", type=float, default=None,
+                           help="Doom duel and deathmatch envs: minutes of game time per match "
+                                "(default: the env's, 3 for duels and 4 for deathmatches)")
     env_group.add_argument("--dmlab_level_cache_dir", default=None,
                            help="DMLab: folder for the compiled-level cache")
 
@@ -141,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--num_policies", type=int, default=1, help="policies trained at once")
     system.add_argument("--policy_workers_per_policy", type=int, default=1,
                         help="inference processes per policy")
+    system.add_argument("--remap_policies_every", type=int, default=5,
+                        help="with several policies: each env's agents are handed to new random policies "
+                             "after this many of its episodes (self-play meets every pairing)")
     system.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the learner and policy workers run")
     system.add_argument("--learner_threads", type=int, default=min(4, os.cpu_count() or 1),
@@ -157,6 +163,30 @@ def build_parser() -> argparse.ArgumentParser:
                              "giving up (their first batches can take a while)")
     system.add_argument("--max_restarts", type=int, default=10,
                         help="worker restarts allowed within 10 minutes; one more stops the run")
+    system.add_argument("--set_workers_cpu_affinity", action=argparse.BooleanOptionalAction, default=False,
+                        help="pin each rollout worker to one core (round robin) and lower its priority, so "
+                             "that learners and policy workers, which everyone waits on, run first")
+
+    pbt = parser.add_argument_group("self-play and population-based training")
+    pbt.add_argument("--past_opponents_fraction", type=float, default=0.0,
+                     help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
+                          "version of the population instead of a learning policy, drawn at every remap")
+    pbt.add_argument("--past_opponent_refresh_sec", type=float, default=120.0,
+                     help="seconds between draws of the past version: a random saved checkpoint of a random policy")
+    pbt.add_argument("--with_pbt", action="store_true",
+                     help="rank the policies by their true objective every --pbt_period_env_steps; mutate "
+                          "the hyperparameters of the weaker ones and replace the weakest with copies of the best")
+    pbt.add_argument("--pbt_period_env_steps", type=int, default=5_000_000,
+                     help="env frames every policy trains on between two PBT rounds")
+    pbt.add_argument("--pbt_mutation_rate", type=float, default=0.15,
+                     help="chance that each hyperparameter of a policy outside the best ones mutates")
+    pbt.add_argument("--pbt_mutation_factor", type=float, default=1.2,
+                     help="a mutation multiplies or divides a hyperparameter by this")
+    pbt.add_argument("--pbt_replace_fraction", type=float, default=0.3,
+                     help="share of the population that counts as best (copied from) and as worst (replaced)")
+    pbt.add_argument("--pbt_replace_reward_gap", type=float, default=0.35,
+                     help="a worst policy is replaced only if a best one leads it by at least this much "
+                          "true objective (win rate in self-play, frags against bots)")
     evaluation = parser.add_argument_group("evaluation (--mode eval)")
     evaluation.add_argument("--checkpoint", default=None,
                             help="checkpoint file to play (default: the experiment's latest of --policy_index)")
@@ -193,11 +223,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_errors(cfg: argparse.Namespace) -> list[str]:
     """Every problem with the flags, each naming the flag and the fix. Runs before any process."""
     errors = []
-    env_problem = envs.env_error(cfg.env)
+    env_problem = envs.env_error(cfg.env, cfg)
     if env_problem:
         errors.append(env_problem)
     for flag in ["max_num_episodes", "video_frames", "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
-                 "policy_workers_per_policy", "rollout", "batch_size", "num_epochs", "hidden_size",
+                 "policy_workers_per_policy", "remap_policies_every", "rollout", "batch_size", "num_epochs", "hidden_size",
                  "env_frameskip", "train_for_env_steps", "keep_checkpoints", "learner_threads",
                  "policy_worker_threads"]:
         if getattr(cfg, flag) <= 0:
@@ -210,6 +240,8 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
         errors.append(f"--policy_index must be 0 or more, got {cfg.policy_index}")
     if cfg.max_restarts < 0:
         errors.append(f"--max_restarts must be 0 or more, got {cfg.max_restarts}")
+    if cfg.doom_match_minutes is not None and not cfg.doom_match_minutes > 0:
+        errors.append(f"--doom_match_minutes must be positive, got {cfg.doom_match_minutes}")
     if not 0 < cfg.gamma <= 1:
         errors.append(f"--gamma must be in (0, 1], got {cfg.gamma}")
     if errors:
@@ -226,6 +258,14 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     elif cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout}: "
                       f"use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout or cfg.rollout}")
+    if not 0 <= cfg.past_opponents_fraction <= 1:
+        errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
+    if cfg.with_pbt and cfg.num_policies < 2:
+        errors.append(f"--with_pbt needs a population: use --num_policies 2 or more (got {cfg.num_policies})")
+    if cfg.with_pbt and not (0 <= cfg.pbt_mutation_rate <= 1 and cfg.pbt_mutation_factor > 1
+                             and 0 < cfg.pbt_replace_fraction <= 0.5 and cfg.pbt_period_env_steps > 0):
+        errors.append("PBT flags out of range: --pbt_mutation_rate in [0, 1], --pbt_mutation_factor above 1, "
+                      "--pbt_replace_fraction in (0, 0.5], --pbt_period_env_steps positive")
     if cfg.world_size > 1 and cfg.num_policies != 1:
         errors.append(f"--num_policies {cfg.num_policies} under torchrun: multi-node training is for one policy; "
                       "use --num_policies 1")
@@ -740,15 +780,78 @@ class RunState:
         self._make_views()
 
 
+class PolicyHyperparams:
+    """Per-policy hyperparameters that population-based training changes during the run.
+
+    One row per policy: the learner's (learning rate, entropy coefficient, Adam beta1) and the
+    env's reward-shaping weights (columns "reward/<name>"), with a version per row. The runner
+    writes a row, then bumps its version; readers copy the row when the version moved, so a copy
+    torn by a concurrent write is replaced on the next look. The runner also asks a learner to
+    take over another policy's weights by naming it in copy_source and bumping copy_request.
+    """
+
+    LEARNER_PARAMS = ["learning_rate", "entropy_coeff", "adam_beta1"]
+
+    def __init__(self, cfg, reward_shaping: dict[str, float] | None):
+        self.names = self.LEARNER_PARAMS + [f"reward/{name}" for name in (reward_shaping or {})]
+        self.num_policies = cfg.num_policies
+        self.buffer = appo_ipc.SharedBuffer(8 * cfg.num_policies * (len(self.names) + 3))
+        self._make_views()
+        defaults = [getattr(cfg, name) for name in self.LEARNER_PARAMS] + list((reward_shaping or {}).values())
+        self.values[:] = defaults
+        self.copy_source[:] = -1
+
+    def _make_views(self):
+        flat = np.frombuffer(self.buffer, dtype=np.float64)
+        count = self.num_policies * len(self.names)
+        self.values = flat[:count].reshape(self.num_policies, len(self.names))
+        counters = flat[count:].view(np.int64)
+        self.version = counters[:self.num_policies]
+        self.copy_source = counters[self.num_policies:2 * self.num_policies]
+        self.copy_request = counters[2 * self.num_policies:]
+
+    def row(self, policy_id: int) -> dict[str, float]:
+        return dict(zip(self.names, self.values[policy_id].tolist()))
+
+    def set_row(self, policy_id: int, row: dict[str, float]):
+        self.values[policy_id] = [row[name] for name in self.names]
+        self.version[policy_id] += 1
+
+    def reward_shaping(self, policy_id: int) -> dict[str, float]:
+        return {name[len("reward/"):]: value for name, value in self.row(policy_id).items()
+                if name.startswith("reward/")}
+
+    def request_copy(self, policy_id: int, source_policy: int):
+        self.copy_source[policy_id] = source_policy
+        self.copy_request[policy_id] += 1
+
+    def __getstate__(self):
+        return {"names": self.names, "num_policies": self.num_policies, "buffer": self.buffer}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_views()
+
+
 @dataclass
 class Shared:
     """Everything the processes share, handed to each at spawn."""
     slots: RolloutSlots
     weights: list[SharedWeights]           # per policy
+    hyperparams: PolicyHyperparams         # per policy; population-based training changes them
     request_queues: list[appo_ipc.Queue]   # per policy: (worker, split, slot, step) to act on
     learner_queues: list[appo_ipc.Queue]   # per policy: (slot,) of finished trajectories
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
+
+
+def past_policy_id(cfg) -> int | None:
+    """With --past_opponents_fraction, past versions act as one more policy that no learner trains."""
+    return cfg.num_policies if cfg.past_opponents_fraction > 0 else None
+
+
+def num_acting_policies(cfg) -> int:
+    return cfg.num_policies + (past_policy_id(cfg) is not None)
 
 
 def learner_owner(cfg, policy_id: int) -> int:
@@ -779,6 +882,18 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
     torch.set_num_threads(threads)
 
 
+ROLLOUT_WORKER_NICENESS = 2  # enough for the scheduler to favour learner and policy workers
+
+
+def pin_rollout_worker(worker_id: int):
+    """--set_workers_cpu_affinity: rollout workers take the cores round robin and yield to the
+    learner and policy workers, whose delays hold everyone up (the env processes a worker starts
+    inherit both)."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[worker_id % len(cores)]})
+    os.nice(ROLLOUT_WORKER_NICENESS)
+
+
 def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
@@ -793,6 +908,7 @@ class Actor:
     def __init__(self, env_id: int, agent: int, policy_id: int):
         self.env_id, self.agent, self.policy_id = env_id, agent, policy_id
         self.slot, self.step = -1, 0
+        self.reward_shaping_version = -1  # version of its policy's hyperparameters the env applies
 
 
 def env_action(action_space, action_row: np.ndarray):
@@ -838,6 +954,9 @@ class RolloutWorker:
         self.obs_keys = list(obs_shapes(self.envs[0].observation_space))
         self.env_step_s = 0.0  # time spent stepping envs since the last timing report
         self.resend_epoch = int(shared.run.resend_epoch[0])
+        self.episodes_per_env = [0] * len(self.envs)
+        self.past_policy = past_policy_id(cfg)
+        self.has_reward_shaping = any(name.startswith("reward/") for name in shared.hyperparams.names)
 
     def make_env(self, env_id: int):
         self.shared.run.beat(self.process_index)  # env creation can be slow (DMLab compiles levels)
@@ -855,6 +974,9 @@ class RolloutWorker:
         except Exception:  # a crashed env often fails to close too; its process is gone anyway
             pass
         self.envs[env_id] = self.make_env(env_id)
+        for actor in env_actors:
+            actor.reward_shaping_version = -1  # the new env starts with the default weights
+            self.apply_reward_shaping(actor)
         obs, _ = self.envs[env_id].reset()
         obs = [obs] if len(env_actors) == 1 else list(obs)
         for actor in env_actors:
@@ -890,6 +1012,8 @@ class RolloutWorker:
             self.shared.request_queues[policy_id].put_many(requests)
 
     def reset_all(self):
+        for actor in self.actors:
+            self.apply_reward_shaping(actor)
         for env_id, env in enumerate(self.envs):
             obs, _ = env.reset()
             num_agents = envs.get_num_agents(env)
@@ -902,14 +1026,21 @@ class RolloutWorker:
         return True
 
     def finish_slot(self, actor: Actor) -> bool:
-        """The slot holds T steps plus the bootstrap obs: give it to the learner, continue in a new one."""
-        full_slot = actor.slot
+        """The slot holds T steps plus the bootstrap obs (or fewer, see hand_over): give it to the
+        learner, continue in a new one from the last observation."""
+        full_slot, last_step = actor.slot, actor.step
+        if actor.policy_id == self.past_policy:  # no learner trains on a past version's steps: reuse the slot
+            for key in self.obs_keys + ["rnn_state"]:
+                self.arrays[key][full_slot, 0] = self.arrays[key][full_slot, last_step]
+            self.arrays["valid"][full_slot] = 1.0
+            actor.step = 0
+            return True
         self.slots.control.set_owner(full_slot, learner_owner(self.cfg, actor.policy_id))
         self.shared.learner_queues[actor.policy_id].put((full_slot,))
         if not self.start_slot(actor):
             return False
         for key in self.obs_keys + ["rnn_state"]:
-            self.arrays[key][actor.slot, 0] = self.arrays[key][full_slot, self.cfg.rollout]
+            self.arrays[key][actor.slot, 0] = self.arrays[key][full_slot, last_step]
         return True
 
     def step_split(self, split: int) -> bool:
@@ -933,8 +1064,56 @@ class RolloutWorker:
                 self.record_step(actor, obs[actor.agent], rewards[actor.agent], dones[actor.agent], infos[actor.agent])
                 if actor.step == self.cfg.rollout and not self.finish_slot(actor):
                     return False
+            if all(dones) and not self.between_episodes(env_id, env_actors):
+                return False
         self.shared.run.worker_frames[self.worker_id] += frames
         return True
+
+    def between_episodes(self, env_id: int, env_actors: list[Actor]) -> bool:
+        """After an env's episode: every few episodes its agents go to new random policies (with
+        several policies), and each agent's env takes its policy's latest reward shaping."""
+        self.episodes_per_env[env_id] += 1
+        if num_acting_policies(self.cfg) > 1 and self.episodes_per_env[env_id] % self.cfg.remap_policies_every == 0:
+            for actor in env_actors:
+                if not self.hand_over(actor, self.draw_policy(actor)):
+                    return False
+        for actor in env_actors:
+            self.apply_reward_shaping(actor)
+        return True
+
+    def draw_policy(self, actor: Actor) -> int:
+        """A random learning policy, or for an env's later agents sometimes the past versions (an
+        env's first agent always learns, so no env plays for nothing)."""
+        if self.past_policy is not None and actor.agent > 0 and self.rng.random() < self.cfg.past_opponents_fraction:
+            return self.past_policy
+        return self.rng.randrange(self.cfg.num_policies)
+
+    def hand_over(self, actor: Actor, policy_id: int) -> bool:
+        """Moves an actor to another policy at an episode boundary. Its slot so far goes to the old
+        policy's learner, the unused steps masked out; the new policy's trajectory starts in a new slot."""
+        if policy_id == actor.policy_id:
+            return True
+        if actor.step > 0:
+            slot, used = actor.slot, actor.step
+            self.arrays["valid"][slot, used:] = 0.0
+            self.arrays["done"][slot, used:] = 1.0     # nothing after the episode's end leaks into V-trace
+            self.arrays["reward"][slot, used:] = 0.0
+            self.arrays["actions"][slot, used:] = 0    # stale actions could be out of range for the heads
+            self.arrays["policy_version"][slot, used:] = self.arrays["policy_version"][slot, used - 1]  # lag stats
+            if not self.finish_slot(actor):
+                return False
+        actor.policy_id, actor.reward_shaping_version = policy_id, -1
+        return True
+
+    def apply_reward_shaping(self, actor: Actor):
+        """Gives the actor's env its policy's reward-shaping weights if they changed (PBT mutates them)."""
+        if not self.has_reward_shaping or actor.policy_id == self.past_policy:
+            return
+        version = int(self.shared.hyperparams.version[actor.policy_id])
+        if version != actor.reward_shaping_version:
+            weights = self.shared.hyperparams.reward_shaping(actor.policy_id)
+            envs.set_reward_shaping(self.envs[actor.env_id], actor.agent, weights)
+            actor.reward_shaping_version = version
 
     def record_step(self, actor: Actor, obs, reward, done, info):
         self.arrays["reward"][actor.slot, actor.step] = reward
@@ -943,9 +1122,10 @@ class RolloutWorker:
         self.write_obs(actor, obs)
         if done:  # the policy worker already wrote the next RNN state; a new episode starts fresh
             self.arrays["rnn_state"][actor.slot, actor.step] = 0.0
-        if "true_return" in info:
+        if "true_return" in info and actor.policy_id != self.past_policy:
             self.shared.stats_queue.put({"type": "episode", "policy_id": actor.policy_id,
                                          "true_return": float(info["true_return"]),
+                                         "true_objective": float(info.get("true_objective", info["true_return"])),
                                          "true_length": int(info["true_length"])})
 
     def run(self):
@@ -990,6 +1170,8 @@ class RolloutWorker:
 
 def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared):
     child_process_setup("rollout", owns_envs=True)
+    if cfg.set_workers_cpu_affinity:
+        pin_rollout_worker(worker_id)
     worker = None
     try:
         worker = RolloutWorker(worker_id, process_index, cfg, shared)
@@ -1213,7 +1395,8 @@ class NonFiniteLoss(RuntimeError):
 
 class Learner:
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
-        self.policy_id, self.cfg, self.shared = policy_id, cfg, shared
+        # a copy: population-based training changes this policy's learning rate and entropy coefficient
+        self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
         self.model = ActorCritic(*spaces_pair, cfg).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
@@ -1230,6 +1413,7 @@ class Learner:
             init_distributed(cfg)
             broadcast_training_state(self)
             shared.weights[policy_id].publish(self.model, self.policy_version)  # act with rank 0's weights
+        self.hyperparams_version, self.copy_request = -1, 0  # what PolicyHyperparams asked of it so far
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = cfg.batch_size // cfg.rollout
         self.skipped_steps, self.nonfinite_in_a_row = 0, 0
@@ -1264,7 +1448,26 @@ class Learner:
                 except queue.Full:
                     continue
 
+    def follow_population(self):
+        """Takes the hyperparameters and, when asked, the weights that population-based training chose."""
+        hyperparams = self.shared.hyperparams
+        if int(hyperparams.copy_request[self.policy_id]) != self.copy_request:
+            self.copy_request = int(hyperparams.copy_request[self.policy_id])
+            source = int(hyperparams.copy_source[self.policy_id])
+            while self.shared.weights[source].load_into(self.model) is None:  # the source learner was writing
+                time.sleep(0.001)
+            # Adam's moments describe the old weights' loss surface, not the copied ones'
+            self.optimizer.state.clear()
+            print(f"policy {self.policy_id} now trains a copy of policy {source}'s weights", flush=True)
+        if int(hyperparams.version[self.policy_id]) != self.hyperparams_version:
+            self.hyperparams_version = int(hyperparams.version[self.policy_id])
+            row = hyperparams.row(self.policy_id)
+            self.cfg.learning_rate, self.cfg.entropy_coeff = row["learning_rate"], row["entropy_coeff"]
+            for group in self.optimizer.param_groups:
+                group["lr"], group["betas"] = row["learning_rate"], (row["adam_beta1"], self.cfg.adam_beta2)
+
     def train_step(self, batch) -> dict:
+        self.follow_population()
         stats = self.sgd_step(batch)
         self.policy_version += 1
         self.env_frames += self.cfg.batch_size * self.cfg.env_frameskip * self.cfg.world_size  # all ranks trained
@@ -1390,8 +1593,12 @@ class Stats:
 
     def __init__(self, num_policies: int):
         self.frame_history = deque(maxlen=1000)  # (time, total frames collected)
+        self.policy_frame_history = deque(maxlen=1000)  # (time, frames each policy trained on)
         self.episode_returns = [deque(maxlen=100) for _ in range(num_policies)]
         self.episode_lengths = [deque(maxlen=100) for _ in range(num_policies)]
+        # what population-based training ranks by: e.g. 1 for a won duel, 0 otherwise (the return
+        # counts frags; the training reward is shaped)
+        self.episode_objectives = [deque(maxlen=100) for _ in range(num_policies)]
         self.learner = [{} for _ in range(num_policies)]
         self.busy_s = {"env": 0.0, "inference": 0.0, "learner": 0.0}  # summed over processes
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), time.monotonic()
@@ -1403,6 +1610,7 @@ class Stats:
         if kind == "episode":
             self.episode_returns[message["policy_id"]].append(message["true_return"])
             self.episode_lengths[message["policy_id"]].append(message["true_length"])
+            self.episode_objectives[message["policy_id"]].append(message["true_objective"])
             self.num_episodes += 1
         elif kind == "learner":
             self.learner[message["policy_id"]] = message
@@ -1413,10 +1621,19 @@ class Stats:
             self.busy_s[message["component"]] += message["busy_s"]
 
     def fps(self, window: float) -> float:
-        if len(self.frame_history) < 2:
+        """Env frames collected per second over the last `window` seconds."""
+        return self.rate(self.frame_history, window)
+
+    def policy_fps(self, policy_id: int, window: float) -> float:
+        """Env frames per second that policy `policy_id`'s learner trained on."""
+        return self.rate([(then, frames[policy_id]) for then, frames in self.policy_frame_history], window)
+
+    @staticmethod
+    def rate(history, window: float) -> float:
+        if len(history) < 2:
             return 0.0
-        now, frames = self.frame_history[-1]
-        for then, frames_then in self.frame_history:
+        now, frames = history[-1]
+        for then, frames_then in history:
             if now - then <= window:
                 return (frames - frames_then) / max(now - then, 1e-6)
         return 0.0
@@ -1426,7 +1643,7 @@ class Stats:
         waiting): env stepping in rollout workers, forward passes in policy workers, SGD in learners."""
         now = time.monotonic()
         interval = max(now - self.last_report_time, 1e-6)
-        processes = {"env": cfg.num_workers, "inference": cfg.num_policies * cfg.policy_workers_per_policy,
+        processes = {"env": cfg.num_workers, "inference": num_acting_policies(cfg) * cfg.policy_workers_per_policy,
                      "learner": cfg.num_policies}
         fractions = {kind: (self.busy_s[kind] - self.busy_s_at_last_report[kind]) / (interval * processes[kind])
                      for kind in self.busy_s}
@@ -1453,12 +1670,14 @@ class Child:
 
 def make_children(cfg, shared: Shared, spaces_pair) -> list[Child]:
     children, index = [], 0
-    for policy_id in range(cfg.num_policies):
-        children.append(Child(f"learner {policy_id}", "learner", index, learner_main,
-                              (policy_id, index, cfg, shared, spaces_pair)))
-        index += 1
+    for policy_id in range(num_acting_policies(cfg)):
+        if policy_id < cfg.num_policies:  # the past versions have no learner
+            children.append(Child(f"learner {policy_id}", "learner", index, learner_main,
+                                  (policy_id, index, cfg, shared, spaces_pair)))
+            index += 1
+        serves = "past versions" if policy_id == past_policy_id(cfg) else f"policy {policy_id}"
         for _ in range(cfg.policy_workers_per_policy):
-            children.append(Child(f"policy worker {index} (policy {policy_id})", "policy worker", index,
+            children.append(Child(f"policy worker {index} ({serves})", "policy worker", index,
                                   policy_worker_main, (policy_id, index, cfg, shared, spaces_pair)))
             index += 1
     for worker_id in range(cfg.num_workers):
@@ -1560,26 +1779,34 @@ class Supervisor:
         self.num_restarts += 1
 
 
-def probe_env(cfg):
-    """(observation space, action space) and the number of agents, from one env made and closed."""
+@dataclass
+class EnvProbe:
+    """What the runner learns from one env before starting anything."""
+    spaces: tuple[spaces.Space, spaces.Space]    # (observation space, action space)
+    num_agents: int
+    reward_shaping: dict[str, float] | None      # the env's default shaping weights, if it has any
+
+
+def probe_env(cfg) -> EnvProbe:
     probe = envs.create_env(cfg.env, cfg, env_index=0)  # ENV HOOK
     try:
-        return (probe.observation_space, probe.action_space), envs.get_num_agents(probe)
+        return EnvProbe((probe.observation_space, probe.action_space), envs.get_num_agents(probe),
+                        envs.reward_shaping_weights(probe))
     finally:
         probe.close()
 
 
 def num_processes(cfg) -> int:
-    return cfg.num_policies * (1 + cfg.policy_workers_per_policy) + cfg.num_workers
+    return cfg.num_policies + num_acting_policies(cfg) * cfg.policy_workers_per_policy + cfg.num_workers
 
 
-def create_shared(cfg, model: ActorCritic, spaces_pair, num_agents: int) -> Shared:
-    num_actors = cfg.num_workers * cfg.num_envs_per_worker * num_agents
+def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
+    num_actors = cfg.num_workers * cfg.num_envs_per_worker * probe.num_agents
     slots_per_batch = cfg.batch_size // cfg.rollout
     # Each actor fills one slot while up to two batches per learner wait or train; a few spare
     # slots keep actors from waiting on the learner while it frees a batch.
     num_slots = 2 * num_actors + 2 * slots_per_batch * cfg.num_policies
-    specs = rollout_buffer_specs(*spaces_pair, cfg)
+    specs = rollout_buffer_specs(*probe.spaces, cfg)
     weights = []
     for policy_id in range(cfg.num_policies):
         shared_weights = SharedWeights(model)
@@ -1592,10 +1819,13 @@ def create_shared(cfg, model: ActorCritic, spaces_pair, num_agents: int) -> Shar
             model.load_state_dict(checkpoint["model"])
             shared_weights.publish(model, checkpoint["policy_version"])
         weights.append(shared_weights)
+    if past_policy_id(cfg) is not None:
+        weights.append(SharedWeights(model))  # until refresh_past_opponent finds a checkpoint
     return Shared(
         slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
         weights=weights,
-        request_queues=[appo_ipc.Queue(1 << 20) for _ in range(cfg.num_policies)],
+        hyperparams=PolicyHyperparams(cfg, probe.reward_shaping),
+        request_queues=[appo_ipc.Queue(1 << 20) for _ in range(num_acting_policies(cfg))],
         learner_queues=[appo_ipc.Queue(1 << 20) for _ in range(cfg.num_policies)],
         stats_queue=appo_ipc.Queue(8 << 20),
         run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
@@ -1617,11 +1847,15 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     for policy_id in range(cfg.num_policies):
         learner, returns = stats.learner[policy_id], stats.episode_returns[policy_id]
         prefix = f"p{policy_id} " if cfg.num_policies > 1 else ""
+        if cfg.num_policies > 1:
+            parts.append(f"{prefix}FPS {stats.policy_fps(policy_id, 60):,.0f}")
         if learner:
             parts.append(f"{prefix}lag {learner['lag_min']:.0f}/{learner['lag_avg']:.1f}/{learner['lag_max']:.0f}"
                          f" trained {int(shared.run.learner_frames[policy_id]):,}")
         if returns:
             parts.append(f"{prefix}avg return {np.mean(returns):.2f} ({len(returns)} ep)")
+        if stats.episode_objectives[policy_id] and cfg.num_policies > 1:
+            parts.append(f"{prefix}objective {np.mean(stats.episode_objectives[policy_id]):.2f}")
     busy = stats.busy_fractions(cfg)
     if any(busy.values()):
         parts.append("busy " + " ".join(f"{kind} {fraction:.0%}" for kind, fraction in busy.items()))
@@ -1648,10 +1882,16 @@ class Summaries:
         for policy_id in range(cfg.num_policies):
             if stats.episode_returns[policy_id]:
                 scalars[f"p{policy_id}/true_return"] = float(np.mean(stats.episode_returns[policy_id]))
+            if stats.episode_objectives[policy_id]:  # emptied when PBT replaces the policy
+                scalars[f"p{policy_id}/true_objective"] = float(np.mean(stats.episode_objectives[policy_id]))
                 scalars[f"p{policy_id}/episode_frames"] = float(np.mean(stats.episode_lengths[policy_id]))
             for key, value in stats.learner[policy_id].items():
                 if isinstance(value, (int, float)) and key != "policy_id":
                     scalars[f"p{policy_id}/{key}"] = value
+            scalars[f"p{policy_id}/fps"] = stats.policy_fps(policy_id, 60)
+            if cfg.with_pbt:
+                for name, value in shared.hyperparams.row(policy_id).items():
+                    scalars[f"p{policy_id}/hyperparams/{name}"] = value
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, frames)
         if self.wandb_run is not None:
@@ -1677,6 +1917,144 @@ def start_wandb(cfg):
             f.write(run_id)
     return wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
                       id=run_id, resume="allow", config=vars(cfg), dir=experiment_dir(cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# Population-based training: every period the runner ranks the policies by their true objective,
+# the worst take over the weights and hyperparameters of one of the best, and everyone outside
+# the best mutates. Learners and rollout workers pick the changes up from PolicyHyperparams.
+# ---------------------------------------------------------------------------------------------
+
+def pbt_best_and_worst(objectives: list[float], replace_fraction: float) -> tuple[list[int], list[int]]:
+    """Policy ids of the best and of the worst `replace_fraction` of the population (one at least)."""
+    ranked = sorted(range(len(objectives)), key=lambda policy_id: objectives[policy_id], reverse=True)
+    count = max(1, int(len(objectives) * replace_fraction))
+    return ranked[:count], ranked[-count:]
+
+
+def pbt_mutate(row: dict[str, float], rng: random.Random, rate: float, factor: float):
+    """Each hyperparameter changes with probability `rate`, multiplied or divided by `factor`.
+    Returns the new row and {name: (old, new)} of what changed."""
+    new_row, changes = dict(row), {}
+    for name, old in row.items():
+        if rng.random() >= rate:
+            continue
+        scale = factor if rng.random() < 0.5 else 1.0 / factor
+        if name == "adam_beta1":  # scale the distance to 1, so beta1 stays below 1
+            new = 1.0 - min(0.999, (1.0 - old) * scale)
+        else:
+            new = old * scale
+        new_row[name], changes[name] = new, (old, new)
+    return new_row, changes
+
+
+def pbt_round(objectives: list[float], rows: list[dict], rng: random.Random, cfg) -> tuple[list[dict], list[dict]]:
+    """One PBT decision for the whole population: new hyperparameter rows, and the events (one dict
+    per replacement or mutation) that say what happened and why."""
+    rows = [dict(row) for row in rows]
+    best, worst = pbt_best_and_worst(objectives, cfg.pbt_replace_fraction)
+    events = []
+    for policy_id in worst:
+        if policy_id in best:
+            continue
+        source = rng.choice(best)
+        gap = objectives[source] - objectives[policy_id]
+        if gap >= cfg.pbt_replace_reward_gap:
+            rows[policy_id] = dict(rows[source])
+            events.append({"policy_id": policy_id, "event": "replaced", "source": source,
+                           "objective": objectives[policy_id], "source_objective": objectives[source]})
+    for policy_id in range(len(rows)):
+        if policy_id in best:
+            continue
+        rows[policy_id], changes = pbt_mutate(rows[policy_id], rng, cfg.pbt_mutation_rate, cfg.pbt_mutation_factor)
+        if changes:
+            events.append({"policy_id": policy_id, "event": "mutated", "objective": objectives[policy_id],
+                           "changes": {name: list(change) for name, change in changes.items()}})
+    return rows, events
+
+
+class PopulationBasedTraining:
+    """The runner's side of PBT: when to hold a round, carrying out its decisions, and one JSON file
+    per policy (train_dir/experiment/checkpoint_p<i>/pbt.json: hyperparameters, the frames of the
+    next round, every event) from which a restarted run resumes."""
+
+    def __init__(self, cfg, hyperparams: PolicyHyperparams):
+        self.cfg, self.hyperparams = cfg, hyperparams
+        self.rng = random.Random(cfg.seed)
+        self.next_round_frames = cfg.pbt_period_env_steps
+        self.history: list[list[dict]] = [[] for _ in range(cfg.num_policies)]
+        for policy_id in range(cfg.num_policies):
+            saved = self.load(policy_id)
+            if saved is not None:
+                row = hyperparams.row(policy_id)
+                row.update({name: value for name, value in saved["hyperparameters"].items() if name in row})
+                hyperparams.set_row(policy_id, row)
+                print(f"pbt: policy {policy_id} resumes with " + ", ".join(f"{name} {value:.4g}" for name, value
+                                                                        in row.items()), flush=True)
+                self.history[policy_id] = saved["history"]
+                self.next_round_frames = saved["next_round_frames"]
+
+    def path(self, policy_id: int) -> str:
+        return os.path.join(checkpoint_dir(self.cfg, policy_id), "pbt.json")
+
+    def load(self, policy_id: int) -> dict | None:
+        if not os.path.exists(self.path(policy_id)):
+            return None
+        with open(self.path(policy_id)) as f:
+            return json.load(f)
+
+    def save(self):
+        for policy_id in range(self.cfg.num_policies):
+            os.makedirs(checkpoint_dir(self.cfg, policy_id), exist_ok=True)
+            state = {"policy_id": policy_id, "hyperparameters": self.hyperparams.row(policy_id),
+                     "next_round_frames": self.next_round_frames, "history": self.history[policy_id]}
+            with open(self.path(policy_id) + ".tmp", "w") as f:
+                json.dump(state, f, indent=2)
+            os.replace(self.path(policy_id) + ".tmp", self.path(policy_id))
+
+    def step(self, stats: Stats, shared: Shared):
+        """Holds a round once every policy has trained on the period's frames and played an episode."""
+        frames = int(shared.run.learner_frames.min())
+        if frames < self.next_round_frames or not all(stats.episode_objectives):
+            return
+        objectives = [float(np.mean(recent)) for recent in stats.episode_objectives]
+        rows = [self.hyperparams.row(policy_id) for policy_id in range(self.cfg.num_policies)]
+        new_rows, events = pbt_round(objectives, rows, self.rng, self.cfg)
+        print(f"pbt: round at {frames:,} frames, objectives "
+              + " ".join(f"p{i} {objective:.2f}" for i, objective in enumerate(objectives)), flush=True)
+        for event in events:
+            policy_id = event["policy_id"]
+            if event["event"] == "replaced":
+                shared.hyperparams.request_copy(policy_id, event["source"])
+                stats.episode_objectives[policy_id].clear()  # the next round judges the new weights
+                print(f"pbt: policy {policy_id} (objective {event['objective']:.2f}) takes the weights and "
+                      f"hyperparameters of policy {event['source']} ({event['source_objective']:.2f})", flush=True)
+            else:
+                print(f"pbt: policy {policy_id} mutates " + ", ".join(
+                    f"{name} {old:.4g} -> {new:.4g}" for name, (old, new) in event["changes"].items()), flush=True)
+            self.history[policy_id].append({"frames": frames, **event})
+        for policy_id, row in enumerate(new_rows):
+            if row != rows[policy_id]:
+                self.hyperparams.set_row(policy_id, row)
+        self.next_round_frames = frames + self.cfg.pbt_period_env_steps
+        self.save()
+
+
+def refresh_past_opponent(cfg, shared: Shared, model: ActorCritic, rng: random.Random) -> str | None:
+    """Publishes a random saved checkpoint of a random policy as the past-version opponent (its
+    policy workers pick it up like new weights). Returns the checkpoint's path, None if none loaded."""
+    paths = [path for policy_id in range(cfg.num_policies)
+             for path in glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth"))]
+    if not paths:
+        return None
+    path = rng.choice(paths)
+    try:
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["model"])
+    except Exception:  # rotated away by --keep_checkpoints in the meantime: next time
+        return None
+    past_weights = shared.weights[past_policy_id(cfg)]
+    past_weights.publish(model, past_weights.version + 1)
+    return path
 
 
 def experiment_dir(cfg) -> str:
@@ -1715,13 +2093,20 @@ class StopRequested(Exception):
 def train(cfg) -> int:
     """Runs a whole training; returns the process exit code."""
     torch.manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**31))
-    spaces_pair, num_agents = probe_env(cfg)
+    probe = probe_env(cfg)
+    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
+        print(f"error: --past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent",
+              file=sys.stderr)
+        return 2
+    spaces_pair = probe.spaces
     model = ActorCritic(*spaces_pair, cfg)
-    shared = create_shared(cfg, model, spaces_pair, num_agents)  # checks the checkpoints, if any
+    shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
     if cfg.rank == 0:  # under torchrun, rank 0 writes config, summaries and checkpoints
         save_config(cfg)
     summaries = Summaries(cfg)
     stats, exit_code = Stats(cfg.num_policies), 0
+    population = PopulationBasedTraining(cfg, shared.hyperparams) if cfg.with_pbt else None  # resumes its state
+    past_opponent_drawn, rng = -float("inf"), random.Random(cfg.seed)
 
     def request_stop(signum, frame):
         raise StopRequested()
@@ -1741,6 +2126,7 @@ def train(cfg) -> int:
                 stats.consume(message)
             now = time.monotonic()
             stats.frame_history.append((now, frames_collected(cfg, shared)))
+            stats.policy_frame_history.append((now, shared.run.learner_frames.copy()))
             if shared.run.should_stop():  # under torchrun: another rank ended the run
                 break
             stop_reason = supervisor.check()
@@ -1749,6 +2135,13 @@ def train(cfg) -> int:
                 exit_code = 1
                 break
             stats.restarts = supervisor.num_restarts
+            if population is not None:
+                population.step(stats, shared)
+            if past_policy_id(cfg) is not None and now - past_opponent_drawn >= cfg.past_opponent_refresh_sec:
+                path = refresh_past_opponent(cfg, shared, model, rng)
+                past_opponent_drawn = now if path else now - cfg.past_opponent_refresh_sec + 5.0  # none yet: soon
+                if path:
+                    print(f"past-version opponents now play {path}", flush=True)
             if now - last_report >= cfg.report_every_sec and cfg.rank == 0:
                 print(status_line(cfg, stats, shared, now - start), flush=True)
                 summaries.write(cfg, stats, shared)

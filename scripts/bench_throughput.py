@@ -205,7 +205,7 @@ def measure_ceiling(flags: list[str], seconds: float) -> dict:
     try:
         cfg = appo.parse_args(flags)
         env_s, num_agents = measure_env_step(flags, seconds / 3)
-        spaces_pair, _ = appo.probe_env(cfg)
+        spaces_pair = appo.probe_env(cfg).spaces
         model = appo.ActorCritic(*spaces_pair, cfg).eval()
         inference_batch = cfg.num_workers * cfg.num_envs_per_worker * num_agents // cfg.worker_num_splits
         sample_batch = random_batch(model, spaces_pair, cfg)

@@ -376,3 +376,19 @@ def test_conv_weights_use_the_channels_last_layout_and_give_the_same_outputs():
     reference_logits, reference_values, _ = model(obs, state)
     torch.testing.assert_close(logits, reference_logits, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(values, reference_values, atol=1e-5, rtol=1e-4)
+
+
+def test_pinned_rollout_worker_takes_one_core_and_a_lower_priority(spawn):
+    results = spawn.Queue()
+    process = spawn.Process(target=report_pinning, args=(3, results))
+    process.start()
+    cores, niceness = results.get(timeout=60)
+    process.join(timeout=60)
+    available = sorted(os.sched_getaffinity(0))
+    assert cores == [available[3 % len(available)]]
+    assert niceness == os.nice(0) + appo.ROLLOUT_WORKER_NICENESS
+
+
+def report_pinning(worker_id, results):
+    appo.pin_rollout_worker(worker_id)
+    results.put((sorted(os.sched_getaffinity(0)), os.nice(0)))

@@ -44,7 +44,7 @@ def test_two_ranks_train_in_lockstep_with_identical_weights_and_summed_frames(tm
     checkpoints = os.listdir(tmp_path / "ddp" / "checkpoint_p0")
     assert checkpoints
     saved = torch.load(tmp_path / "ddp" / "checkpoint_p0" / sorted(checkpoints)[-1], weights_only=True)
-    model = appo.ActorCritic(*appo.probe_env(appo.parse_args(SMALL))[0], appo.parse_args(SMALL))
+    model = appo.ActorCritic(*appo.probe_env(appo.parse_args(SMALL)).spaces, appo.parse_args(SMALL))
     model.load_state_dict(saved["model"])
     assert appo.weights_checksum(model) == finals["0"][1]  # rank 0 saved the weights every rank has
     assert processes_still_tagged(tag) == []

@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def save_untrained_policy(train_dir, env_name: str, *flags: str) -> str:
     """A checkpoint written by the learner's own code, as a training run would leave it."""
     cfg = appo.parse_args(["--env", env_name, "--train_dir", str(train_dir), "--experiment", "played", *flags])
-    spaces_pair, _ = appo.probe_env(cfg)
+    spaces_pair = appo.probe_env(cfg).spaces
     learner = appo.Learner(0, cfg, None, spaces_pair)
     learner.policy_version, learner.env_frames = 7, 1234
     return appo.save_checkpoint(cfg, 0, learner.checkpoint_state())

@@ -296,7 +296,7 @@ def test_a_newest_truncated_checkpoint_falls_back_to_the_one_before(tmp_path, ca
 def test_a_checkpoint_of_another_model_is_refused_naming_the_keys(tmp_path, capsys):
     flags = ["--train_dir", str(tmp_path), "--experiment", "other", "--num_workers", "1", "--rnn_type", "gru"]
     cfg = appo.parse_args(flags)
-    spaces_pair, _ = appo.probe_env(cfg)
+    spaces_pair = appo.probe_env(cfg).spaces
     model = appo.ActorCritic(*spaces_pair, appo.parse_args(flags[:-1] + ["lstm"]))
     appo.save_checkpoint(cfg, 0, {"policy_version": 1, "env_frames": 10, "model": model.state_dict()})
     assert appo.main(flags) == 2
