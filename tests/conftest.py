@@ -4,6 +4,7 @@ import glob
 import multiprocessing
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,23 @@ def processes_still_tagged(tag: str, seconds: float = 15.0) -> list[int]:
     while processes_tagged(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
     return processes_tagged(tag)
+
+
+def vizdoom_processes() -> dict[int, str]:
+    """pid -> VizDoom instance id, for each vizdoom process that this test process started."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile
+        parent_pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent_pid == os.getpid() and b"+viz_instance_id" in args:
+            found[int(entry)] = args[args.index(b"+viz_instance_id") + 1].decode()
+    return found
 
 
 def shm_entries():

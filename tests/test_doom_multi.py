@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import env as envs
+from conftest import vizdoom_processes
 from env import create_env, env_defaults, env_error, get_num_agents, reward_shaping_weights, set_reward_shaping
 
 vizdoom = pytest.importorskip("vizdoom")
@@ -24,22 +25,6 @@ SHORT_MATCH_TICS = 105
 def flags(**values) -> argparse.Namespace:
     """A stand-in for appo.py's parsed flags."""
     return argparse.Namespace(**values)
-
-
-def vizdoom_processes() -> dict[int, str]:
-    """pid -> VizDoom instance id, for each vizdoom process that this test process started."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # exited meanwhile
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"+viz_instance_id" in args:
-            found[int(entry)] = args[args.index(b"+viz_instance_id") + 1].decode()
-    return found
 
 
 def player_threads() -> list[threading.Thread]:

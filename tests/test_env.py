@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import env as envs
+from conftest import vizdoom_processes
 from env import create_env, env_defaults, env_error, get_num_agents, register_env
 
 
@@ -36,23 +37,6 @@ def assert_matches_space(obs, space):
 # ------------------------------------------------------------------------------------------------
 # VizDoom
 # ------------------------------------------------------------------------------------------------
-
-
-def vizdoom_processes() -> dict[int, str]:
-    """pid -> VizDoom instance id, for each vizdoom process that this test process started."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue  # exited meanwhile
-        parent_pid = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent_pid == os.getpid() and b"+viz_instance_id" in args:
-            found[int(entry)] = args[args.index(b"+viz_instance_id") + 1].decode()
-    return found
 
 
 @pytest.fixture
