@@ -1059,7 +1059,7 @@ class RolloutWorker:
                 self.replace_env(env_id, env_actors, error)
                 continue
             self.env_step_s += time.perf_counter() - start
-            frames += self.cfg.env_frameskip
+            frames += self.cfg.env_frameskip * len(env_actors)  # every agent's frames, as the learner counts them
             for actor in env_actors:
                 self.record_step(actor, obs[actor.agent], rewards[actor.agent], dones[actor.agent], infos[actor.agent])
                 if actor.step == self.cfg.rollout and not self.finish_slot(actor):

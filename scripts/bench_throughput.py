@@ -119,12 +119,12 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go,
         while not go.wait(timeout=0.5):
             if not appo.parent_alive(parent):
                 return
-        steps, start = 0, time.perf_counter()
+        agent_steps, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             for env, num_agents in zip(env_list, agents):
                 step_randomly(env, num_agents)
-                steps += 1
-        results.put(steps * cfg.env_frameskip / (time.perf_counter() - start))
+                agent_steps += num_agents  # frames of every agent, as the trainers count them
+        results.put(agent_steps * cfg.env_frameskip / (time.perf_counter() - start))
     finally:
         for env in env_list:
             env.close()
@@ -221,7 +221,7 @@ def measure_ceiling(flags: list[str], seconds: float) -> dict:
         torch.set_num_threads(threads)
     cores = len(os.sched_getaffinity(0))
     core_s_per_env_step = env_s + num_agents * (inference_s + learner_s)
-    return {"fps": cores / core_s_per_env_step * cfg.env_frameskip, "cores": cores,
+    return {"fps": cores / core_s_per_env_step * cfg.env_frameskip * num_agents, "cores": cores,
             "env_ms_per_step": env_s * 1e3, "inference_ms_per_sample": inference_s * 1e3,
             "learner_ms_per_sample": learner_s * 1e3}
 
