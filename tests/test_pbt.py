@@ -15,6 +15,7 @@ import torch
 from gymnasium import spaces
 
 import appo
+import env as envs
 from conftest import processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,5 +200,30 @@ def test_an_actor_handed_to_another_policy_sends_its_partial_slot_to_the_old_lea
         assert np.array_equal(arrays["obs"][actor.slot, 0], arrays["obs"][old_slot, 3])  # continues from there
         assert (arrays["rnn_state"][actor.slot, 0] == 0).all()  # a new episode
         assert shared.slots.control.owner(old_slot) == appo.learner_owner(cfg, old_policy)
+    finally:
+        worker.close()
+
+
+def test_rollout_workers_give_each_agent_its_policys_reward_shaping(tmp_path):
+    cfg = appo.parse_args(["--env", "doom_duel_bots", "--num_policies", "2", "--num_workers", "1",
+                           "--num_envs_per_worker", "1", "--worker_num_splits", "1", "--rollout", "8",
+                           "--batch_size", "16", "--hidden_size", "32", "--train_dir", str(tmp_path)])
+    probe = appo.probe_env(cfg)
+    assert probe.reward_shaping and probe.reward_shaping["frag"] == 1.0
+    shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
+    worker = appo.RolloutWorker(0, 0, cfg, shared)
+    try:
+        actor = worker.actors[0]
+        env = worker.envs[actor.env_id]
+        row = shared.hyperparams.row(actor.policy_id)
+        assert envs.reward_shaping_weights(env) == probe.reward_shaping
+        row["reward/frag"], row["reward/death"] = 3.0, -2.0  # what a PBT mutation does
+        shared.hyperparams.set_row(actor.policy_id, row)
+        worker.apply_reward_shaping(actor)
+        assert envs.reward_shaping_weights(env) == dict(probe.reward_shaping, frag=3.0, death=-2.0)
+        other_policy = 1 - actor.policy_id  # handed over: the env takes the other policy's weights
+        assert worker.hand_over(actor, other_policy)
+        worker.apply_reward_shaping(actor)
+        assert envs.reward_shaping_weights(env) == probe.reward_shaping
     finally:
         worker.close()
