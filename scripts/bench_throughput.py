@@ -99,8 +99,8 @@ def trainer_config(args, envs_per_worker: int) -> list[str]:
 def step_randomly(env, num_agents: int):
     """One step with random actions for every agent; a new episode when all are done."""
     actions = env.action_space.sample() if num_agents == 1 else [env.action_space.sample() for _ in range(num_agents)]
-    _, reward, terminated, truncated, info = env.step(actions)
-    if all(appo.agent_lists(num_agents, None, reward, terminated, truncated, info)[2]):
+    obs, reward, terminated, truncated, info = env.step(actions)
+    if all(appo.agent_lists(num_agents, obs, reward, terminated, truncated, info)[2]):
         env.reset()
 
 

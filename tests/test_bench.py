@@ -68,3 +68,18 @@ def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
     ours = figures["runs"]["ours"][0]
     assert set(ours["busy_percent"]) == {"env", "inference", "learner"}
     assert processes_tagged(tag) == []  # and conftest checks /dev/shm
+
+
+def test_random_steps_drive_a_multi_agent_env_to_its_next_match():
+    import env as envs
+    cfg = appo.parse_args(["--env", "doom_duel", "--doom_match_minutes", "0.02"])  # 42 tics: 21 steps
+    duel = envs.create_env("doom_duel", cfg)
+    try:
+        duel.reset()
+        resets, reset = [], duel.reset
+        duel.reset = lambda **kwargs: resets.append(kwargs) or reset(**kwargs)
+        for _ in range(25):  # past the end of the first match
+            bench.step_randomly(duel, 2)
+        assert len(resets) == 1
+    finally:
+        duel.close()
