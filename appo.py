@@ -2106,7 +2106,7 @@ def train(cfg) -> int:
     summaries = Summaries(cfg)
     stats, exit_code = Stats(cfg.num_policies), 0
     population = PopulationBasedTraining(cfg, shared.hyperparams) if cfg.with_pbt else None  # resumes its state
-    past_opponent_drawn, rng = -float("inf"), random.Random(cfg.seed)
+    next_past_opponent, rng = time.monotonic(), random.Random(cfg.seed)
 
     def request_stop(signum, frame):
         raise StopRequested()
@@ -2137,9 +2137,9 @@ def train(cfg) -> int:
             stats.restarts = supervisor.num_restarts
             if population is not None:
                 population.step(stats, shared)
-            if past_policy_id(cfg) is not None and now - past_opponent_drawn >= cfg.past_opponent_refresh_sec:
+            if past_policy_id(cfg) is not None and now >= next_past_opponent:
                 path = refresh_past_opponent(cfg, shared, model, rng)
-                past_opponent_drawn = now if path else now - cfg.past_opponent_refresh_sec + 5.0  # none yet: soon
+                next_past_opponent = now + (cfg.past_opponent_refresh_sec if path else 5.0)  # no checkpoint yet: soon
                 if path:
                     print(f"past-version opponents now play {path}", flush=True)
             if now - last_report >= cfg.report_every_sec and cfg.rank == 0:
