@@ -1592,8 +1592,9 @@ class Stats:
     """What the runner knows: frame counts over time, recent episodes, learner and timing stats."""
 
     def __init__(self, num_policies: int):
-        self.frame_history = deque(maxlen=1000)  # (time, total frames collected)
-        self.policy_frame_history = deque(maxlen=1000)  # (time, frames each policy trained on)
+        # the runner samples every 0.1 s: 4000 entries cover the status line's 300-s window
+        self.frame_history = deque(maxlen=4000)  # (time, total frames collected)
+        self.policy_frame_history = deque(maxlen=4000)  # (time, frames each policy trained on)
         self.episode_returns = [deque(maxlen=100) for _ in range(num_policies)]
         self.episode_lengths = [deque(maxlen=100) for _ in range(num_policies)]
         # what population-based training ranks by: e.g. 1 for a won duel, 0 otherwise (the return
