@@ -155,13 +155,14 @@ def measure_pure_sim(flags: list[str], num_workers: int, seconds: float) -> floa
 # ---------------------------------------------------------------------------------------------
 
 def random_batch(model: appo.ActorCritic, spaces_pair, cfg) -> dict[str, torch.Tensor]:
-    """A learner batch [T+1, B, ...] of random data with the shapes and dtypes of the real one."""
+    """A learner batch [T+1, B, ...] of random data with the shapes, dtypes and memory layout of
+    the real one (time-first views of trajectory-major memory, as RolloutSlots.gather gives)."""
     specs = appo.rollout_buffer_specs(*spaces_pair, cfg)
     shape = (cfg.rollout + 1, cfg.batch_size // cfg.rollout)
-    batch = {name: torch.zeros(shape + field_shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
-             for name, (field_shape, dtype) in specs.items()}
+    batch = {name: torch.zeros(shape[::-1] + field_shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
+             .transpose(0, 1) for name, (field_shape, dtype) in specs.items()}
     for key in model.encoders:
-        batch[key] = torch.randint(0, 256, batch[key].shape).to(batch[key].dtype)
+        batch[key].copy_(torch.randint(0, 256, batch[key].shape))
     for head, size in enumerate(model.head_sizes):
         batch["actions"][..., head] = torch.randint(0, size, shape)
     batch["log_prob"][:] = -1.0

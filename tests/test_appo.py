@@ -166,6 +166,66 @@ def test_rnn_over_a_rollout_equals_stepping_it_with_episode_boundaries(rnn_type)
     assert logits.shape == (steps, batch, 7) and values.shape == (steps, batch)
 
 
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
+def test_the_written_out_rnn_cells_equal_torchs_cells_in_values_and_gradients(rnn_type):
+    torch.manual_seed(4)
+    cfg = small_cfg(rnn_type=rnn_type)
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    features, state = torch.randn(5, 32), torch.randn(5, appo.rnn_state_size(cfg))
+    output, next_state = model.core_step(model.core_inputs(features), state)
+    if rnn_type == "gru":
+        expected = model.core(features, state)
+        expected_state = expected
+    else:
+        hidden, cell = model.core(features, tuple(state.chunk(2, dim=1)))
+        expected, expected_state = hidden, torch.cat([hidden, cell], dim=1)
+    torch.testing.assert_close(output, expected)
+    torch.testing.assert_close(next_state, expected_state)
+    ours = torch.autograd.grad(next_state.square().sum(), list(model.core.parameters()))
+    theirs = torch.autograd.grad(expected_state.square().sum(), list(model.core.parameters()))
+    for our_grad, their_grad in zip(ours, theirs):
+        torch.testing.assert_close(our_grad, their_grad)
+
+
+def test_bfloat16_encoder_is_close_to_float32_and_keeps_float32_weights_and_gradients():
+    """--encoder_dtype bfloat16 runs the convs and FC under autocast; what comes out, the weights
+    and their gradients are float32 and the features within bf16 rounding of the float32 ones."""
+    torch.manual_seed(2)
+    model32 = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg(encoder_dtype="float32"))
+    model16 = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg(encoder_dtype="bfloat16"))
+    model16.load_state_dict(model32.state_dict())
+    obs = random_obs(IMAGE_AND_VECTOR, (16,))
+    features32, features16 = model32.encode(obs), model16.encode(obs)
+    assert features16.dtype == torch.float32 and not torch.equal(features16, features32)  # it did run in bf16
+    assert (features16 - features32).norm() / features32.norm() < 0.02
+    features16.square().sum().backward()
+    for name, parameter in model16.named_parameters():
+        if name.startswith(("encoders", "fc")):
+            assert parameter.dtype == torch.float32 and parameter.grad.dtype == torch.float32, name
+
+
+def test_policy_workers_bfloat16_weights_act_exactly_as_autocast_does():
+    """A policy worker keeps its encoder's weights in bfloat16 and loads the learner's float32
+    weights into them; its actions, values and states must equal the autocast model's bit for bit,
+    or the learner would see importance ratios away from 1 at zero lag."""
+    torch.manual_seed(3)
+    cfg = small_cfg(encoder_dtype="bfloat16", normalize_input=True)
+    learner_model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).eval()
+    policy_model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).eval().keep_encoder_in_compute_dtype()
+    assert policy_model.fc[0].weight.dtype == torch.bfloat16
+    assert appo.SharedWeights(learner_model).load_into(policy_model) == 0
+    obs, rnn_state = random_obs(IMAGE_AND_VECTOR, (8,)), torch.randn(8, 32)
+    with torch.inference_mode():
+        for expected, actual in zip(learner_model(obs, rnn_state), policy_model(obs, rnn_state)):
+            assert torch.equal(expected, actual)
+
+
+def test_encoder_dtype_auto_picks_bfloat16_only_where_the_hardware_has_it():
+    auto = appo.parse_args(["--env", "doom_basic"]).encoder_dtype
+    assert auto == ("bfloat16" if appo.native_bfloat16("cpu") else "float32")
+    assert appo.parse_args(["--env", "doom_basic", "--encoder_dtype", "float32"]).encoder_dtype == "float32"
+
+
 def test_action_heads_sample_valid_actions_and_score_them():
     logits = torch.log(torch.tensor([[0.0, 1.0, 0.0, 0.25, 0.25, 0.25, 0.25]]) + 1e-12)
     actions = appo.sample_actions(logits.repeat(50, 1), [3, 4])
