@@ -757,15 +757,20 @@ class RolloutSlots:
 
 
 class SharedWeights:
-    """The latest weights of one policy in shared memory, guarded by a version counter.
+    """The latest weights of one policy, guarded by a version counter.
 
     The learner writes them after every SGD step; policy workers copy them when the version
-    moved. A seqlock (odd version = write in progress) lets readers never block the learner.
+    moved. A seqlock (odd sequence = write in progress) lets readers never block the learner.
+    On CPU the weights live in a shared host buffer. Given a `device` (--device cuda) they live
+    in that device's memory, allocated by the runner and handed to every process through torch's
+    CUDA IPC (its pickling of CUDA tensors), so the learner and the policy workers copy them
+    device to device and never through the host.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, device: torch.device | None = None):
         self.num_params = sum(p.numel() for p in model.state_dict().values())
-        self.buffer = appo_ipc.SharedBuffer(8 * 2 + 4 * self.num_params)
+        self.buffer = appo_ipc.SharedBuffer(8 * 2 + (4 * self.num_params if device is None else 0))
+        self.device_flat = None if device is None else torch.zeros(self.num_params, device=device)
         self._make_views()
         self.publish(model, version=0)
 
@@ -773,7 +778,7 @@ class SharedWeights:
         raw = np.frombuffer(self.buffer, dtype=np.uint8)
         self.sequence = raw[:8].view(np.int64)          # seqlock counter
         self.version_array = raw[8:16].view(np.int64)   # policy version of the weights
-        self.flat = torch.from_numpy(raw[16:].view(np.float32))
+        self.flat = torch.from_numpy(raw[16:].view(np.float32)) if self.device_flat is None else self.device_flat
 
     @property
     def version(self) -> int:
@@ -784,8 +789,9 @@ class SharedWeights:
         offset = 0
         for tensor in model.state_dict().values():
             n = tensor.numel()
-            self.flat[offset:offset + n].copy_(tensor.detach().reshape(-1).float())
+            self.flat[offset:offset + n].copy_(tensor.detach().reshape(-1))
             offset += n
+        wait_for_copies(self.flat)  # GPU copies run asynchronously: done before readers see the version
         self.version_array[0] = version
         self.sequence[0] += 1
 
@@ -800,14 +806,20 @@ class SharedWeights:
                 n = tensor.numel()
                 tensor.copy_(self.flat[offset:offset + n].view_as(tensor))
                 offset += n
+        wait_for_copies(self.flat)  # a write that began during an unfinished copy must be noticed below
         return version if int(self.sequence[0]) == before else None
 
     def __getstate__(self):
-        return {"num_params": self.num_params, "buffer": self.buffer}
+        return {"num_params": self.num_params, "buffer": self.buffer, "device_flat": self.device_flat}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._make_views()
+
+
+def wait_for_copies(tensor: torch.Tensor):
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
 
 
 class RunState:
@@ -1254,7 +1266,6 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
     parent = os.getppid()
     device = torch.device(cfg.device)
     model = ActorCritic(*spaces_pair, cfg).to(device).eval().keep_encoder_in_compute_dtype()
-    cpu_model = ActorCritic(*spaces_pair, cfg) if device.type != "cpu" else model
     weights, requests = shared.weights[policy_id], shared.request_queues[policy_id]
     tensors, control = shared.slots.tensors, shared.slots.control
     obs_keys = list(model.encoders)
@@ -1263,11 +1274,9 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
     while not shared.run.should_stop() and parent_alive(parent):
         shared.run.beat(process_index)
         if weights.version != version:
-            loaded = weights.load_into(cpu_model)
+            loaded = weights.load_into(model)  # on a GPU: device to device (SharedWeights)
             if loaded is not None:
                 version = loaded
-                if cpu_model is not model:
-                    model.load_state_dict(cpu_model.state_dict())
         try:
             batch = requests.get_many(timeout=0.5)
         except queue.Empty:
@@ -1870,9 +1879,10 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     # slots keep actors from waiting on the learner while it frees a batch.
     num_slots = 2 * num_actors + 2 * slots_per_batch * cfg.num_policies
     specs = rollout_buffer_specs(*probe.spaces, cfg)
+    weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
     weights = []
     for policy_id in range(cfg.num_policies):
-        shared_weights = SharedWeights(model)
+        shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
         if checkpoint is not None:  # policy workers act with the resumed weights from the start
             mismatch = checkpoint_mismatch(model, checkpoint["model"])
@@ -1883,7 +1893,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
             shared_weights.publish(model, checkpoint["policy_version"])
         weights.append(shared_weights)
     if past_policy_id(cfg) is not None:
-        weights.append(SharedWeights(model))  # until refresh_past_opponent finds a checkpoint
+        weights.append(SharedWeights(model, weights_device))  # until refresh_past_opponent finds a checkpoint
     return Shared(
         slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
         weights=weights,

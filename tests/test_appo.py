@@ -309,6 +309,36 @@ def test_shared_weights_round_trip():
         assert torch.equal(a, b)
 
 
+def test_device_resident_weights_are_shared_not_copied_between_processes(spawn):
+    """With --device cuda the published weights live in GPU memory that every process maps
+    (torch pickles CUDA tensors as IPC handles). No GPU here: this is a stand-in that puts the
+    device copy in a CPU tensor, which torch pickles as shared memory, and runs the same code
+    (publish, load_into, the seqlock) across a real process boundary. The CUDA IPC itself and
+    torch.cuda.synchronize are only exercised on a GPU."""
+    cfg = small_cfg()
+    source = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    weights = appo.SharedWeights(source, device=torch.device("cpu"))
+    assert weights.flat is weights.device_flat and weights.buffer.size == 16  # only the counters on the host
+    results = spawn.Queue()
+    child = spawn.Process(target=publish_from_a_child, args=(weights, cfg, results))
+    child.start()
+    expected_sum = float(results.get(timeout=120))
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    target = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    assert weights.load_into(target) == 7  # the child's write reached our mapping of the same memory
+    assert sum(float(t.double().sum()) for t in target.state_dict().values()) == pytest.approx(expected_sum)
+
+
+def publish_from_a_child(weights, cfg, results):
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(0.5)
+    weights.publish(model, version=7)
+    results.put(sum(float(t.double().sum()) for t in model.state_dict().values()))
+
+
 # ---------------------------------------------------------------------------------------------
 # Flags
 
