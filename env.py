@@ -94,11 +94,17 @@ def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None 
 ENV_FLAG_OVERRIDES: dict[str, dict] = {
     "doom_basic": {"batch_size": 512, "normalize_input": True},
 }
+# Every atari_* env: Sample Factory's and CleanRL's Atari choices where appo.py's defaults are the
+# paper's Doom ones. The frame stack is the memory (no RNN, as Sample Factory's Atari config), the
+# learning rate and entropy bonus of PPO on Atari, and batches of 512 for more SGD steps a minute.
+FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
+    "atari_": {"rnn_type": "none", "learning_rate": 2.5e-4, "entropy_coeff": 0.01, "batch_size": 512},
+}
 
 
 def env_defaults(name: str) -> dict:
-    """Per-env defaults for appo.py flags (env_frameskip, gamma, and ENV_FLAG_OVERRIDES); {} for
-    unknown names.
+    """Per-env defaults for appo.py flags (env_frameskip, gamma, FAMILY_FLAG_OVERRIDES and
+    ENV_FLAG_OVERRIDES); {} for unknown names.
 
     Registered envs get {} too: appo.py's own defaults apply to them.
     """
@@ -109,7 +115,8 @@ def env_defaults(name: str) -> dict:
         return {}
     if name in DOOM_MATCHES:
         return dict(DOOM_MATCH_DEFAULTS)
-    return {"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA, **ENV_FLAG_OVERRIDES.get(name, {})}
+    family = next((overrides for prefix, overrides in FAMILY_FLAG_OVERRIDES.items() if name.startswith(prefix)), {})
+    return {"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA, **family, **ENV_FLAG_OVERRIDES.get(name, {})}
 
 
 def env_error(name: str, cfg=None) -> str | None:

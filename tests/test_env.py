@@ -284,7 +284,8 @@ def test_env_defaults():
     expected = {"env_frameskip": 4, "gamma": 0.99}
     assert env_defaults("doom_basic") == {**expected, "batch_size": 512, "normalize_input": True}
     assert env_defaults("doom_health_gathering") == expected
-    assert env_defaults("atari_pong") == expected
+    assert env_defaults("atari_pong") == {**expected, "rnn_type": "none", "learning_rate": 2.5e-4,
+                                          "entropy_coeff": 0.01, "batch_size": 512}
     assert env_defaults("dmlab_30") == expected
     assert env_defaults("no_such_env") == {}
     assert env_defaults("atari_notagame") == {}
