@@ -401,6 +401,10 @@ def format_table(results: list[dict]) -> str:
             details.append(f"{r['num_envs']} envs, ceiling on {ceiling['cores']} cores: env step "
                            f"{ceiling['env_ms_per_step']:.3f} ms, forward {ceiling['inference_ms_per_sample']:.3f} "
                            f"ms/sample, learner {ceiling['learner_ms_per_sample']:.3f} ms/sample")
+        per_run = {leg: [run["fps"] for run in runs if run.get("fps")] for leg, runs in r["runs"].items()}
+        if any(len(fps) > 1 for fps in per_run.values()):
+            details.append(f"{r['num_envs']} envs, every run: " + "; ".join(
+                f"{leg} " + " ".join(f"{fps:,.0f}" for fps in values) for leg, values in per_run.items() if values))
         for leg in ("ours", "sf"):
             leg_runs = [run for run in r["runs"].get(leg, []) if run.get("fps")]
             if leg_runs:
