@@ -457,8 +457,8 @@ class ActorCritic(nn.Module):
 
     def keep_encoder_in_compute_dtype(self) -> "ActorCritic":
         """Policy workers only (they never train): hold the encoder's weights in bfloat16 when it
-        computes in bfloat16, so autocast does not convert them again at every forward pass; at
-        small batches that conversion cost as much as the FC layer itself."""
+        computes in bfloat16, so autocast does not convert them again at every forward pass
+        (doom_basic on this CPU: 0.49 -> 0.44 ms a sample at batch 8, 0.35 -> 0.34 at 16)."""
         if self.encoder_dtype != torch.float32:
             self.encoders.to(self.encoder_dtype)
             self.fc.to(self.encoder_dtype)
