@@ -639,12 +639,16 @@ def value_loss(values, behaviour_values, targets, clip_value, mask):
     return 0.5 * masked_mean(torch.max((values - targets) ** 2, (clipped - targets) ** 2), mask)
 
 
-def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg):
+def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
+              update_statistics: bool = False):
     """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first).
 
-    Step T holds only the bootstrap observation. Returns (loss, stats dict of floats).
-    With --normalize_returns, targets and advantages are computed in return units, and in
-    training mode (like BatchNorm) the targets update the running return statistics.
+    Step T holds only the bootstrap observation: no policy worker ever evaluates it (it becomes
+    step 0 of the actor's next slot), so its behaviour value, log-prob and action are not there and
+    both estimators bootstrap from the learner's own V(x_T). Returns (loss, stats dict of floats).
+    With --normalize_returns, targets and advantages are computed in return units; with
+    `update_statistics` the targets also update the running return statistics first (the learner
+    asks for it once per batch, whatever the epochs, so each target is counted once).
     """
     head_sizes = model.head_sizes
     obs = {key: batch[key] for key in model.encoders}
@@ -665,12 +669,12 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
             next_vs = torch.cat([vs[1:], returns[-1:]])
             advantages = rewards + discounts * next_vs - returns[:-1]
             targets = vs
-        else:
-            behaviour_returns = model.values_to_returns(batch["value"])
-            targets, advantages = gae(rewards, behaviour_returns[:-1], discounts, behaviour_returns[-1],
+        else:  # GAE on the values that acted, as Sample Factory computes it
+            behaviour_returns = model.values_to_returns(batch["value"][:-1])
+            targets, advantages = gae(rewards, behaviour_returns, discounts, model.values_to_returns(values[-1]),
                                       cfg.gae_lambda)
         if model.normalize_returns:
-            if model.training:
+            if update_statistics:
                 model.returns_normalizer.update(targets[mask > 0])
             targets = model.returns_normalizer(targets)
         if cfg.normalize_advantage:
@@ -1551,8 +1555,8 @@ class Learner:
         """Normaliser updates and --num_epochs optimiser steps on one batch; returns the loss stats."""
         stats = {}
         self.model.update_normalizers({key: trajectory_major(batch[key]) for key in self.model.encoders})
-        for _ in range(self.cfg.num_epochs):
-            loss, stats = appo_loss(self.model, batch, self.policy_version, self.cfg)
+        for epoch in range(self.cfg.num_epochs):
+            loss, stats = appo_loss(self.model, batch, self.policy_version, self.cfg, update_statistics=epoch == 0)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if distributed():

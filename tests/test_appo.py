@@ -121,6 +121,133 @@ def test_clipped_value_loss_takes_the_pessimistic_error():
 
 
 # ---------------------------------------------------------------------------------------------
+# Targets and advantages through appo_loss, against literal formulas
+
+def gae_literal(rewards, discounts, values, bootstrap, gae_lambda):
+    """GAE written out term by term for one sequence (numpy, float64):
+    A_s = sum_{t=s}^{T-1} (prod_{i=s}^{t-1} lambda gamma_i) delta_t,
+    delta_t = r_t + gamma_t V(x_{t+1}) - V(x_t), V(x_T) = bootstrap; target_s = A_s + V(x_s)."""
+    T = len(rewards)
+    values_ext = np.append(values, bootstrap)
+    advantages = np.zeros(T)
+    for s in range(T):
+        for t in range(s, T):
+            weight = np.prod([gae_lambda * discounts[i] for i in range(s, t)])
+            advantages[s] += weight * (rewards[t] + discounts[t] * values_ext[t + 1] - values_ext[t])
+    return advantages + values, advantages
+
+
+VECTOR_OBS, TWO_ACTIONS = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2)
+
+
+def estimator_batch(steps: int, batch: int, seed: int) -> dict[str, torch.Tensor]:
+    """A hand-built batch of trajectories [T+1, B] with episode ends inside the rollout (columns 0
+    and 2) and at its last step (column 1). Step T's value is NaN: in the rollout slots no process
+    ever writes it (step T is the next slot's step 0), so no estimator may read it."""
+    generator = torch.Generator().manual_seed(seed)
+    done = torch.zeros(steps + 1, batch)
+    done[1, 0] = done[3, 0] = done[steps - 1, 1] = done[2, 2] = 1.0
+    value = torch.randn(steps + 1, batch, generator=generator, dtype=torch.float64).float()
+    value[steps] = float("nan")
+    return {
+        "obs": torch.zeros(steps + 1, batch, 3),
+        "rnn_state": torch.zeros(steps + 1, batch, 1),
+        "actions": torch.randint(0, 2, (steps + 1, batch, 1), generator=generator),
+        # behaviour log-probs around the learner's log(1/2): importance ratios from 0.74 to 1.35
+        "log_prob": np.log(0.5) + 0.3 * (2 * torch.rand(steps + 1, batch, generator=generator) - 1),
+        "value": value,
+        "reward": torch.randn(steps + 1, batch, generator=generator),
+        "done": done,
+        "policy_version": torch.zeros(steps + 1, batch, dtype=torch.long),
+        "valid": torch.ones(steps + 1, batch),
+    }
+
+
+def targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch):
+    """Runs appo_loss with a model whose forward_rollout returns `learner_values` [T+1, B] and
+    uniform two-action logits, and reads the value targets and the advantages back from the
+    gradients of its loss (no entropy term, no clipping in reach, every step valid, n of them):
+      value part  c * 0.5 * mean((v - target)^2)  ->  dL/dv = c (v - target) / n
+      policy part -mean(ratio * A), d log pi(a) / d logit_a = 1/2  ->  dL/dlogit_a = -ratio A / (2 n)."""
+    model = appo.ActorCritic(VECTOR_OBS, TWO_ACTIONS, cfg)
+    steps, batch_size = learner_values.shape[0] - 1, learner_values.shape[1]
+    logits = torch.zeros(steps + 1, batch_size, 2, requires_grad=True)
+    values = learner_values.clone().requires_grad_(True)
+    monkeypatch.setattr(model, "forward_rollout", lambda obs, rnn_state, dones: (logits, values))
+    loss, _ = appo.appo_loss(model, batch, 0, cfg)
+    loss.backward()
+    n = steps * batch_size
+    targets = learner_values[:-1] - values.grad[:-1] * n / cfg.value_loss_coeff
+    ratio = torch.exp(np.log(0.5) - batch["log_prob"][:-1])
+    logit_grad_of_taken = logits.grad[:-1].gather(-1, batch["actions"][:-1]).squeeze(-1)
+    advantages = -logit_grad_of_taken * 2 * n / ratio
+    return targets.double().numpy(), advantages.double().numpy()
+
+
+def literal_test_cfg(with_vtrace: bool):
+    return small_cfg(with_vtrace=with_vtrace, rnn_type="none", normalize_returns=False, normalize_input=False,
+                     normalize_advantage=False, entropy_coeff=0.0, ppo_clip_ratio=100.0, ppo_clip_value=1e6,
+                     max_policy_lag=100, gamma=0.9, gae_lambda=0.8, vtrace_rho=1.0, vtrace_c=1.0)
+
+
+def test_gae_through_appo_loss_bootstraps_from_the_learners_value_of_the_last_observation(monkeypatch):
+    """--no-with_vtrace: GAE over the behaviour values, bootstrapped at step T with the learner's own
+    V(x_T) (as Sample Factory does), since no policy worker ever evaluates step T."""
+    cfg = literal_test_cfg(with_vtrace=False)
+    steps, batch_size = 6, 3
+    batch = estimator_batch(steps, batch_size, seed=1)
+    learner_values = torch.randn(steps + 1, batch_size, generator=torch.Generator().manual_seed(2))
+    targets, advantages = targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
+    rewards, discounts = batch["reward"][:-1].double().numpy(), cfg.gamma * (1 - batch["done"][:-1].double().numpy())
+    for column in range(batch_size):
+        expected_targets, expected_advantages = gae_literal(
+            rewards[:, column], discounts[:, column], batch["value"][:-1, column].double().numpy(),
+            float(learner_values[-1, column]), cfg.gae_lambda)
+        np.testing.assert_allclose(advantages[:, column], expected_advantages, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(targets[:, column], expected_targets, rtol=1e-4, atol=1e-5)
+
+
+def test_vtrace_through_appo_loss_matches_the_literal_formula(monkeypatch):
+    """Default V-trace: IMPALA's targets v_s on the learner's values, and the policy advantage
+    r_s + gamma_s v_{s+1} - V(x_s) (the PPO ratio stands in for IMPALA's rho_s factor)."""
+    cfg = literal_test_cfg(with_vtrace=True)
+    steps, batch_size = 6, 3
+    batch = estimator_batch(steps, batch_size, seed=3)
+    learner_values = torch.randn(steps + 1, batch_size, generator=torch.Generator().manual_seed(4))
+    targets, advantages = targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
+    rewards, discounts = batch["reward"][:-1].double().numpy(), cfg.gamma * (1 - batch["done"][:-1].double().numpy())
+    log_rhos = (np.log(0.5) - batch["log_prob"][:-1]).double().numpy()
+    assert (log_rhos > 0).any() and (log_rhos < 0).any()  # rho_bar = 1 clips some ratios and not others
+    values = learner_values.double().numpy()
+    for column in range(batch_size):
+        expected_targets, _ = vtrace_literal(log_rhos[:, column], discounts[:, column], rewards[:, column],
+                                             values[:-1, column], values[-1, column], cfg.vtrace_rho, cfg.vtrace_c)
+        next_targets = np.append(expected_targets[1:], values[-1, column])
+        expected_advantages = rewards[:, column] + discounts[:, column] * next_targets - values[:-1, column]
+        np.testing.assert_allclose(targets[:, column], expected_targets, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(advantages[:, column], expected_advantages, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_vtrace", [True, False])
+def test_the_learner_counts_each_batch_once_in_the_running_statistics_whatever_the_epochs(tmp_path, with_vtrace):
+    """--num_epochs 3: the input and return normalisers take each batch's samples once (as in Sample
+    Factory), not once per epoch; the epochs still take three optimiser steps."""
+    cfg = small_cfg(train_dir=str(tmp_path), num_epochs=3, normalize_input=True, normalize_returns=True,
+                    with_vtrace=with_vtrace)
+    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    steps, batch_size = 6, 4
+    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, steps, batch_size)
+    returns_count = float(learner.model.returns_normalizer.count)
+    input_count = float(learner.model.obs_normalizers["measurements"].count)
+    learner.sgd_step(batch)
+    assert float(learner.model.returns_normalizer.count) == pytest.approx(returns_count + steps * batch_size)
+    # every step of every trajectory, the bootstrap observation included (well under 256 samples)
+    assert float(learner.model.obs_normalizers["measurements"].count) == pytest.approx(
+        input_count + (steps + 1) * batch_size)
+    assert all(state["step"] == 3 for state in learner.optimizer.state.values())
+
+
+# ---------------------------------------------------------------------------------------------
 # Model
 
 def small_cfg(**overrides):
