@@ -397,6 +397,13 @@ class DoomScenario:
     # None: the vizdoom package ships the scenario. Otherwise the map that cfg_file names, which
     # has to come from --doom_scenarios_dir with it.
     unpackaged_wad: str | None = None
+    # DoomGame settings (set_<name>(value)) that turn the vizdoom package's .cfg into Sample
+    # Factory's copy of it, so that doom_<name> is the task behind Sample Factory's results (see
+    # _sf_rendering). Applied to the package's files only: --doom_scenarios_dir files stay as written.
+    sf_task_settings: tuple[tuple[str, object], ...] = ()
+    # Sample Factory's DoomGatheringRewardShaping: +this training reward whenever health goes up (a
+    # pickup); the game's own reward, which true_return reports, is left as it is.
+    health_pickup_reward: float = 0.0
 
     @property
     def buttons(self) -> list[str]:
@@ -415,6 +422,20 @@ def _buttons_of(action_heads) -> list[str]:
     return ordered
 
 
+# Rendering of Sample Factory 2.1.1's own scenario files (sf_examples/vizdoom/doom/scenarios/*.cfg),
+# where they differ from the vizdoom package's: the status bar (HUD) shrinks the 3-D view in basic,
+# defend_* and deadly_corridor, so every pixel row differs; no decals or particles anywhere; screen
+# flashes at the engine default (on). Without these the "same" scenario is a different image task.
+def _sf_rendering(hud: bool, weapon: bool = True) -> tuple[tuple[str, object], ...]:
+    return (("render_hud", hud), ("render_weapon", weapon), ("render_crosshair", False),
+            ("render_decals", False), ("render_particles", False), ("render_screen_flashes", True))
+
+
+# Sample Factory's health_gathering*.cfg: 0.01 a tic alive and no death penalty (the package's:
+# 1 a tic and -100 at death), plus +1 per health pickup from its gathering reward shaping.
+_SF_GATHERING = _sf_rendering(hud=False, weapon=False) + (("living_reward", 0.01), ("death_penalty", 0.0))
+
+
 # Action spaces and reward scales as in Sample Factory's doom_utils.py. The buttons are set here
 # rather than taken from the .cfg, so that the action table below is the only truth about them.
 DOOM_SCENARIOS: dict[str, DoomScenario] = {
@@ -423,30 +444,38 @@ DOOM_SCENARIOS: dict[str, DoomScenario] = {
         (_one_of("MOVE_LEFT", "MOVE_RIGHT", "ATTACK"),),
         reward_scale=0.01,
         game_variables=("AMMO2",),
+        sf_task_settings=_sf_rendering(hud=True),
     ),
     "doom_defend_the_center": DoomScenario(
         "defend_the_center.cfg",
         (_one_of("TURN_LEFT", "TURN_RIGHT"), _one_of("ATTACK")),
         reward_scale=1.0,
         game_variables=("AMMO2", "HEALTH"),
+        sf_task_settings=_sf_rendering(hud=True),
     ),
     "doom_defend_the_line": DoomScenario(
         "defend_the_line.cfg",
         (_one_of("TURN_LEFT", "TURN_RIGHT"), _one_of("ATTACK")),
         reward_scale=1.0,
         game_variables=("AMMO2", "HEALTH"),
+        sf_task_settings=_sf_rendering(hud=True),
     ),
     "doom_health_gathering": DoomScenario(
         "health_gathering.cfg",
         (_one_of("TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD", "MOVE_BACKWARD"),),
         reward_scale=1.0,
         game_variables=("HEALTH",),
+        sf_task_settings=_SF_GATHERING,
+        health_pickup_reward=1.0,
     ),
     "doom_health_gathering_supreme": DoomScenario(
         "health_gathering_supreme.cfg",
         (_one_of("TURN_LEFT", "TURN_RIGHT", "MOVE_FORWARD", "MOVE_BACKWARD"),),
         reward_scale=1.0,
         game_variables=("HEALTH",),
+        # the map (.wad) of Sample Factory's copy differs too: --doom_scenarios_dir with its files for that one
+        sf_task_settings=_SF_GATHERING,
+        health_pickup_reward=1.0,
     ),
     "doom_my_way_home": DoomScenario(
         "my_way_home.cfg",
@@ -454,6 +483,7 @@ DOOM_SCENARIOS: dict[str, DoomScenario] = {
         reward_scale=1.0,
         # the scenario declares no variables; health keeps the measurement vector non-empty
         game_variables=("HEALTH",),
+        sf_task_settings=_sf_rendering(hud=False),
     ),
     "doom_deadly_corridor": DoomScenario(
         "deadly_corridor.cfg",
@@ -465,8 +495,10 @@ DOOM_SCENARIOS: dict[str, DoomScenario] = {
         ),
         reward_scale=0.01,
         game_variables=("HEALTH",),
+        sf_task_settings=_sf_rendering(hud=True),
     ),
-    # not in Sample Factory's list: dodge left or right, reward 1 per tic alive
+    # not in Sample Factory's list (the learning bench adds it there from this same package file):
+    # dodge left or right, reward 1 per tic alive
     "doom_take_cover": DoomScenario(
         "take_cover.cfg",
         (_one_of("MOVE_LEFT", "MOVE_RIGHT"),),
@@ -502,11 +534,14 @@ def make_doom_env(name: str, cfg=None, env_index: int = 0, render_mode: str | No
     env = DoomEnv(
         scenario,
         cfg_path,
+        sf_task=getattr(cfg, "doom_scenarios_dir", None) is None,
         frameskip=_frameskip(cfg),
         with_game_variables=scenario.full_measurements or bool(getattr(cfg, "doom_game_variables", False)),
         render_mode=render_mode,
     )
     stats = env = GameStatsRecorder(env, frames_per_step=env.frameskip)
+    if scenario.health_pickup_reward:
+        env = HealthPickupReward(env, scenario.health_pickup_reward)
     if scenario.reward_scale != 1.0:
         env = ScaleReward(env, scenario.reward_scale)
     return TrainerInterface(env, stats, seed=_run_seed(cfg, env_index))
@@ -555,6 +590,7 @@ class DoomEnv(gym.Env):
         frameskip: int = DEFAULT_FRAMESKIP,
         with_game_variables: bool = False,
         render_mode: str | None = None,
+        sf_task: bool = True,
     ):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"Doom envs support render_mode None or 'rgb_array', not {render_mode!r}")
@@ -563,7 +599,7 @@ class DoomEnv(gym.Env):
         self._with_game_variables = with_game_variables
         self._full_measurements = scenario.full_measurements
         self._button_table = _doom_button_table(scenario.action_heads)
-        self.game = _start_doom_game(scenario, cfg_path)
+        self.game = _start_doom_game(scenario, cfg_path, scenario.sf_task_settings if sf_task else ())
 
         self.action_space = _doom_action_space(scenario.action_heads)
         image_space = spaces.Box(0, 255, (3, DOOM_SCREEN_HEIGHT, DOOM_SCREEN_WIDTH), dtype=np.uint8)
@@ -673,7 +709,7 @@ def _configure_doom_game(game, buttons: list[str], game_variables) -> None:
     game.set_doom_config_path(os.path.join(tempfile.gettempdir(), "appo_vizdoom.ini"))
 
 
-def _start_doom_game(scenario: DoomScenario, cfg_path: str):
+def _start_doom_game(scenario: DoomScenario, cfg_path: str, settings: tuple[tuple[str, object], ...] = ()):
     import vizdoom as vzd
 
     game = vzd.DoomGame()
@@ -681,9 +717,38 @@ def _start_doom_game(scenario: DoomScenario, cfg_path: str):
     wad_path = game.get_doom_scenario_path()  # resolved relative to the .cfg
     if wad_path and not os.path.isfile(wad_path):
         raise FileNotFoundError(f"Doom scenario file {wad_path} (named in {cfg_path}) not found; check --doom_scenarios_dir")
+    for name, value in settings:
+        getattr(game, f"set_{name}")(value)
     _configure_doom_game(game, scenario.buttons, scenario.game_variables)
     game.init()
     return game
+
+
+class HealthPickupReward(gym.Wrapper):
+    """Sample Factory's gathering shaping: +`bonus` on every step (but an episode's last) after which
+    the player's health is higher than after the step before. It sits above GameStatsRecorder, so
+    true_return stays the game's own reward."""
+
+    def __init__(self, env: gym.Env, bonus: float):
+        super().__init__(env)
+        self._bonus = bonus
+        self._last_health: float | None = None
+
+    def reset(self, **kwargs):
+        self._last_health = None
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if terminated or truncated:
+            return obs, reward, terminated, truncated, info
+        import vizdoom as vzd
+
+        health = self.env.unwrapped.game.get_game_variable(vzd.GameVariable.HEALTH)
+        if self._last_health is not None and health > self._last_health:
+            reward += self._bonus
+        self._last_health = health
+        return obs, reward, terminated, truncated, info
 
 
 # ------------------------------------------------------------------------------------------------

@@ -164,6 +164,53 @@ def test_doom_game_variables_and_render(make_doom):
     assert frame.shape == (120, 160, 3) and frame.dtype == np.uint8  # full resolution, for videos
 
 
+def test_doom_basic_is_sample_factorys_task_with_its_status_bar(make_doom, tmp_path):
+    """The package's basic.cfg hides the status bar; Sample Factory's copy shows it, and doom_basic
+    is Sample Factory's task. The same .cfg from --doom_scenarios_dir is rendered as written."""
+    import vizdoom
+
+    scenarios = tmp_path / "maps"
+    scenarios.mkdir()
+    for filename in ("basic.cfg", "basic.wad"):
+        shutil.copy(os.path.join(vizdoom.scenarios_path, filename), scenarios)
+    as_sample_factory = make_doom("doom_basic", seed=3)
+    as_written = make_doom("doom_basic", seed=3, doom_scenarios_dir=str(scenarios))
+    as_sample_factory.reset()
+    as_written.reset()
+    for _ in range(3):
+        as_sample_factory.step(0)
+        as_written.step(0)
+    with_hud = as_sample_factory.unwrapped.game.get_state().screen_buffer
+    without_hud = as_written.unwrapped.game.get_state().screen_buffer
+    # Doom's status bar is 32 of 200 rows: the bottom 16% of the 160x120 screen, grey, with red digits
+    status_bar = slice(int(120 * 168 / 200), 120)
+    assert (with_hud[status_bar, :, 0] > with_hud[status_bar, :, 2] + 60).sum() > 50  # the red ammo/health digits
+    assert not np.array_equal(with_hud[:status_bar.start], without_hud[:status_bar.start])  # a smaller 3-D view
+
+
+def test_doom_health_gathering_rewards_are_sample_factorys(make_doom):
+    """Sample Factory's health_gathering: 0.01 a tic alive, no death penalty, +1 per health pickup
+    in the training reward only; true_return is the game's own reward (0.01 x tics survived)."""
+    env = make_doom("doom_health_gathering", seed=0)
+    game = env.unwrapped.game
+    env.reset()
+    rng = np.random.default_rng(0)
+    training_rewards = []
+    while True:  # mostly forward (action 3), turning now and then: it runs into medikits
+        _, reward, terminated, truncated, info = env.step(int(rng.choice(5, p=[0.0, 0.15, 0.15, 0.7, 0.0])))
+        training_rewards.append(reward)
+        if terminated or truncated:
+            break
+    pickups = [r for r in training_rewards if r > 0.5]
+    assert pickups and all(r == pytest.approx(1.0 + 0.04) for r in pickups)  # a pickup during 4 tics alive
+    assert info["true_return"] == pytest.approx(game.get_total_reward())
+    assert info["true_return"] == pytest.approx(sum(training_rewards) - len(pickups))
+    # no death penalty: the game's reward is 0.01 for each tic lived (up to the 2,100-tic time limit)
+    assert 0 < info["true_return"] <= 21.0 + 1e-6
+    assert info["true_return"] == pytest.approx(0.01 * (game.get_episode_time() - game.get_episode_start_time()),
+                                                abs=0.05)
+
+
 def test_doom_scenarios_dir(make_doom, tmp_path):
     import vizdoom
 
