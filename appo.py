@@ -1966,6 +1966,8 @@ class Summaries:
                 if isinstance(value, (int, float)) and key != "policy_id":
                     scalars[f"p{policy_id}/{key}"] = value
             scalars[f"p{policy_id}/fps"] = stats.policy_fps(policy_id, 60)
+            # the step is frames collected; Sample Factory's curves are against frames trained
+            scalars[f"p{policy_id}/frames_trained"] = int(shared.run.learner_frames[policy_id])
             if cfg.with_pbt:
                 for name, value in shared.hyperparams.row(policy_id).items():
                     scalars[f"p{policy_id}/hyperparams/{name}"] = value

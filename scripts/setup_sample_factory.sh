@@ -40,4 +40,26 @@ if __name__ == "__main__":
     sys.exit(main())
 PYEOF
 
+# Sample Factory has no doom_take_cover. scripts/bench_learning.py trains it there from the vizdoom
+# package's take_cover.cfg, the file appo.py's doom_take_cover loads, with the same action space
+# (nothing, left, right) and no reward scaling: $PY -m sf_train_vizdoom_extra --env doom_take_cover
+cat > "$SITE/sf_train_vizdoom_extra.py" <<'PYEOF'
+"""Runs sf_examples.vizdoom.train_vizdoom with doom_take_cover added to its scenario list."""
+import os
+import sys
+
+import vizdoom
+from gymnasium.spaces import Discrete
+
+from sf_examples.vizdoom.doom.doom_utils import DOOM_ENVS, DoomSpec
+from sf_examples.vizdoom.train_vizdoom import main
+
+if not any(spec.name == "doom_take_cover" for spec in DOOM_ENVS):
+    DOOM_ENVS.append(DoomSpec("doom_take_cover", os.path.join(vizdoom.scenarios_path, "take_cover.cfg"),
+                              Discrete(1 + 2), 1.0))
+
+if __name__ == "__main__":
+    sys.exit(main())
+PYEOF
+
 echo "$PY"

@@ -1,0 +1,550 @@
+#!/usr/bin/env python
+"""Learning at equal frames: appo.py against Sample Factory 2.1.1 on the benchmark suite.
+
+    python scripts/bench_learning.py --sf_python .venv-sf/bin/python
+    python scripts/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
+    python scripts/bench_learning.py --report_only          # the table and plots from saved results
+
+For every env it trains both trainers, one run at a time, with the same system configuration
+(SYSTEM: workers, envs per worker, splits, rollout; each env's own frameskip) and each trainer
+otherwise on its own defaults for that env, for the env's frame budget (SUITE) and several seeds.
+Every finished run is saved at once under --results_dir (one JSON file per trainer, env and seed:
+its command, configuration, curve, wall-clock and exit status) and committed with the repo; a run
+whose saved configuration is the one the bench would use now is not run again, so an interrupted
+suite resumes where it stopped and, while appo.py's defaults change, Sample Factory's results are
+reused. appo.py's configuration includes a hash of its code (appo.py, env.py, csrc/), so any
+change to the trainer re-runs it.
+
+The frame axis of every table and plot is env frames the learner has trained on, frameskip
+included: what Sample Factory's summaries count (its `env_steps`, with summaries_use_frameskip),
+and appo.py's `frames_trained` summary. The bench checks both trainers' saved configurations for
+it. Scores are each trainer's average over its last 100 finished games of the game's own score
+(appo.py: true_return; Sample Factory: avg_true_objective), on tasks the bench checks are the
+same (see TASK MATCHING below and `task` in the table).
+
+The table gives per env: the budget, how the tasks were matched, appo.py's median score at the
+budget (min-max over seeds), Sample Factory's, each one's median wall-clock to the budget,
+appo.py's median wall-clock to reach Sample Factory's final median score, and that time as a
+fraction of Sample Factory's. Runs that crash or hang (no output for --stall_seconds) count as
+failures, are reported, and leave no process and no /dev/shm entry behind.
+"""
+import argparse
+import glob
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+# The suite and its frame budgets (the learning-suite issue); seeds per family: (appo.py, Sample Factory).
+SUITE = {
+    "doom_basic": 500_000,
+    "doom_defend_the_center": 1_000_000,
+    "doom_defend_the_line": 1_000_000,
+    "doom_health_gathering": 1_000_000,
+    "doom_my_way_home": 1_000_000,
+    "doom_take_cover": 1_000_000,
+    "atari_breakout": 3_000_000,
+    "atari_space_invaders": 3_000_000,
+}
+SEEDS = {"doom": (3, 2), "atari": (2, 1)}
+# The system configuration both trainers share. The rollout is each family's in Sample Factory's
+# published configuration (its cfg.py default 32; atari_params.py 128).
+SYSTEM = {
+    "doom": {"num_workers": 2, "num_envs_per_worker": 8, "worker_num_splits": 2, "rollout": 32},
+    "atari": {"num_workers": 2, "num_envs_per_worker": 8, "worker_num_splits": 2, "rollout": 128},
+}
+# Sample Factory's launchers (scripts/setup_sample_factory.sh installs the two sf_train_* modules).
+SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
+# Where a Sample Factory Doom env sets no true objective, its avg_true_objective is the sum of the
+# training rewards, which its doom_utils.py scales by DoomSpec.reward_scaling: undone here.
+SF_SCORE_SCALE = {"doom_basic": 100.0, "doom_deadly_corridor": 100.0}
+APPO_SCORE_TAG, APPO_FRAMES_TAG, SF_SCORE_TAG = "p0/true_return", "p0/frames_trained", "policy_stats/avg_true_objective"
+# Entries in /dev/shm that a killed trainer can leave: VizDoom's segments, multiprocessing's semaphores.
+SHM_PREFIXES = ("ViZDoom", "sem.mp-")
+
+
+def family(env_name: str) -> str:
+    return env_name.split("_")[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Configurations and their keys
+# ---------------------------------------------------------------------------------------------
+
+def code_hash(paths: list[str]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            digest.update(os.path.relpath(path, REPO).encode() + b"\0" + f.read())
+    return digest.hexdigest()[:16]
+
+
+def appo_code_hash() -> str:
+    return code_hash([os.path.join(REPO, "appo.py"), os.path.join(REPO, "env.py"),
+                      *sorted(glob.glob(os.path.join(REPO, "csrc", "*")))])
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "appo.py", "env.py", "csrc"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return commit + ("+uncommitted" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def system_flags(env_name: str) -> list[str]:
+    return [f"--{name}={value}" for name, value in SYSTEM[family(env_name)].items()]
+
+
+def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
+    """Everything that decides a run's result; its hash names the saved result."""
+    config = {"trainer": trainer, "env": env_name, "frames": args.frames or SUITE[env_name], "seed": seed,
+              "system": system_flags(env_name)}
+    if trainer == "appo":
+        config.update(extra_flags=args.appo_flags.split(), code=appo_code_hash())
+    else:
+        config.update(extra_flags=args.sf_flags.split(), launcher=SF_MODULES[family(env_name)],
+                      setup=code_hash([os.path.join(REPO, "scripts", "setup_sample_factory.sh")]))
+    return config
+
+
+def config_key(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def result_path(args, trainer: str, env_name: str, seed: int) -> str:
+    return os.path.join(args.results_dir, env_name, f"{trainer}_seed{seed}.json")
+
+
+def load_result(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def save_json(path: str, data: dict):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = path + ".tmp"
+    with open(temporary, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(temporary, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one trainer
+# ---------------------------------------------------------------------------------------------
+
+def trainer_command(args, config: dict, train_dir: str) -> list[str]:
+    env_name, seed = config["env"], config["seed"]
+    common = ["--env", env_name, *config["system"], "--seed", str(seed), "--train_dir", train_dir,
+              "--experiment", "run", "--train_for_env_steps", str(config["frames"]), *config["extra_flags"]]
+    if config["trainer"] == "appo":
+        return [sys.executable, os.path.join(REPO, "appo.py"), *common, "--report_every_sec", "5"]
+    return [args.sf_python, "-m", config["launcher"], *common, "--device", "cpu"]
+
+
+def shm_entries() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith(SHM_PREFIXES)}
+
+
+def kill_group(pid: int):
+    import appo
+
+    appo.kill_process_group(pid)
+
+
+def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: float, max_seconds: float) -> dict:
+    """Runs one training in its own process group, its output to log_path. A run that prints
+    nothing for stall_seconds, or runs past max_seconds, is killed as hung. Whatever it leaves
+    (processes, /dev/shm entries) is removed and reported."""
+    shm_before = shm_entries()
+    started_at = time.time()
+    last_output = [time.monotonic()]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+
+        def copy_output():
+            for line in process.stdout:
+                log.write(line)
+                last_output[0] = time.monotonic()
+
+        reader = threading.Thread(target=copy_output, daemon=True)
+        reader.start()
+        status = None
+        try:
+            while process.poll() is None:
+                time.sleep(1.0)
+                if time.monotonic() - last_output[0] > stall_seconds:
+                    status = f"hung (no output for {stall_seconds:.0f} s)"
+                elif time.time() - started_at > max_seconds:
+                    status = f"hung (still running after {max_seconds:.0f} s)"
+                if status:
+                    process.terminate()
+                    try:
+                        process.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    break
+        finally:
+            kill_group(process.pid)
+            process.wait()
+            reader.join(timeout=10)
+    wall_s = time.time() - started_at
+    leftovers = sorted(shm_entries() - shm_before)
+    for name in leftovers:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except OSError:
+            pass
+    if status is None:
+        status = "ok" if process.returncode == 0 else f"failed (exit code {process.returncode})"
+    return {"status": status, "returncode": process.returncode, "started_at": started_at, "wall_s": wall_s,
+            "shm_leftovers_removed": leftovers}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading results: curves of (wall seconds since launch, frames trained, score)
+# ---------------------------------------------------------------------------------------------
+
+def scalar_events(events_dir: str) -> dict[str, list]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(events_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"]}
+
+
+def appo_curve(train_dir: str, started_at: float) -> list[list[float]]:
+    """appo.py writes its summaries at frames collected, with frames trained as a scalar of the
+    same write: each score is placed at the frames trained when it was written."""
+    events = scalar_events(os.path.join(train_dir, "run", "tb"))
+    trained_at = {(event.step, round(event.wall_time, 3)): event.value for event in events.get(APPO_FRAMES_TAG, [])}
+    curve = []
+    for event in events.get(APPO_SCORE_TAG, []):
+        frames = trained_at.get((event.step, round(event.wall_time, 3)))
+        if frames is not None:
+            curve.append([event.wall_time - started_at, frames, event.value])
+    return sorted(curve, key=lambda point: point[1])
+
+
+def sf_curve(train_dir: str, started_at: float, env_name: str) -> list[list[float]]:
+    scale = SF_SCORE_SCALE.get(env_name, 1.0)
+    events = scalar_events(os.path.join(train_dir, "run", ".summary", "0"))
+    return sorted(([event.wall_time - started_at, event.step, event.value * scale]
+                   for event in events.get(SF_SCORE_TAG, [])), key=lambda point: point[1])
+
+
+def frame_axis_check(trainer: str, train_dir: str, env_name: str) -> str | None:
+    """None if the trainer's saved configuration counts frames as env frames with frameskip;
+    otherwise what is wrong."""
+    import env as envs
+
+    expected = envs.env_defaults(env_name).get("env_frameskip", 1)
+    if trainer == "appo":
+        path = os.path.join(train_dir, "run", "config.json")
+        saved = load_result(path) or {}
+        skip = saved.get("env_frameskip")
+        return None if skip == expected else f"appo.py's env_frameskip {skip}, expected {expected}"
+    saved = load_result(os.path.join(train_dir, "run", "config.json")) or {}
+    skip, with_skip = saved.get("env_frameskip"), saved.get("summaries_use_frameskip")
+    if skip != expected or with_skip is not True:
+        return f"Sample Factory's env_frameskip {skip}, summaries_use_frameskip {with_skip}: expected {expected}, True"
+    return None
+
+
+def run_one(args, config: dict) -> dict:
+    trainer, env_name, seed = config["trainer"], config["env"], config["seed"]
+    print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: training {config['frames']:,} frames",
+          flush=True)
+    load_before = os.getloadavg()[0]
+    train_dir = tempfile.mkdtemp(prefix=f"bench_learning_{trainer}_")
+    log_path = os.path.join(args.results_dir, env_name, f"{trainer}_seed{seed}.log")
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    try:
+        command = trainer_command(args, config, train_dir)
+        outcome = run_trainer(command, cwd=train_dir, log_path=log_path, stall_seconds=args.stall_seconds,
+                              max_seconds=args.max_hours * 3600)
+        curve = []
+        try:
+            curve = (appo_curve(train_dir, outcome["started_at"]) if trainer == "appo"
+                     else sf_curve(train_dir, outcome["started_at"], env_name))
+        except Exception as error:  # a run that died before its first summary has none
+            outcome["curve_error"] = f"{type(error).__name__}: {error}"
+        axis_problem = frame_axis_check(trainer, train_dir, env_name)
+    finally:
+        shutil.rmtree(train_dir, ignore_errors=True)
+    if outcome["status"] == "ok" and not curve:
+        outcome["status"] = "failed (no score was reported)"
+    if axis_problem:
+        outcome["status"] = f"failed (frame axis: {axis_problem})"
+    with open(log_path) as f:
+        log_tail = f.read().splitlines()[-20:]
+    result = {"key": config_key(config), "config": config, "command": " ".join(command), "commit": git_commit(),
+              **outcome, "load_before": load_before, "curve": curve, "log_tail": log_tail if outcome["status"] != "ok" else []}
+    os.remove(log_path)  # the curve and the tail are kept; whole logs would bloat the repo
+    print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: {outcome['status']} in "
+          f"{outcome['wall_s'] / 60:.1f} min, final score {curve[-1][2] if curve else 'none'}", flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Task matching: do both trainers play the same game?
+# ---------------------------------------------------------------------------------------------
+
+def probe(python: str, trainer: str, env_name: str, out: str) -> dict | None:
+    command = [python, os.path.join(REPO, "scripts", "task_probe.py"), "--trainer", trainer, "--env", env_name,
+               "--out", out]
+    completed = subprocess.run(command, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=600)
+    if completed.returncode != 0:
+        print(f"warning: task probe of {trainer} on {env_name} failed: {completed.stderr.strip()[-500:]}", flush=True)
+        return None
+    with np.load(out) as data:
+        return {key: data[key] for key in data.files}
+
+
+def check_task(args, env_name: str) -> str:
+    """One line: how the two trainers' tasks were matched, and what the probe found."""
+    with tempfile.TemporaryDirectory() as folder:
+        ours = probe(sys.executable, "appo", env_name, os.path.join(folder, "appo.npz"))
+        theirs = probe(args.sf_python, "sf", env_name, os.path.join(folder, "sf.npz"))
+    if ours is None or theirs is None:
+        return "probe failed"
+    if not np.array_equal(ours["action_sizes"], theirs["action_sizes"]):
+        return f"DIFFERENT action spaces {ours['action_sizes'].tolist()} / {theirs['action_sizes'].tolist()}"
+    if "ale" in ours:
+        same = np.array_equal(ours["ale"], theirs["ale"])
+        rom, sticky, skip, _ = ours["ale"].tolist()
+        return (f"{'same' if same else 'DIFFERENT'} ALE setup ({rom}, sticky actions {sticky}, frameskip 4 by "
+                f"max-and-skip); same wrapper stack; score of whole games")
+    steps = min(len(ours["rewards"]), len(theirs["rewards"]))
+    same_rewards = np.allclose(ours["rewards"][:steps], theirs["rewards"][:steps], atol=1e-6)
+    frames = min(len(ours["screens"]), len(theirs["screens"]))
+    differing = (ours["screens"][:frames] != theirs["screens"][:frames]).any(-1).reshape(frames, -1).sum(1)
+    pixels = ours["screens"][0].shape[0] * ours["screens"][0].shape[1]
+    screens = ("identical screens" if differing.max() == 0 else
+               f"screens differ in at most {differing.max()} of {pixels} pixels")
+    return (f"{'same' if same_rewards else 'DIFFERENT'} rewards over {steps} steps, {screens} (same actions, seed)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The table and the plots
+# ---------------------------------------------------------------------------------------------
+
+def score_at(curve: list, frames: float) -> float | None:
+    """The trainer's average score at the last summary at or before `frames` trained."""
+    before = [point for point in curve if point[1] <= frames * 1.001]
+    return before[-1][2] if before else None
+
+
+def seconds_to_reach(curve: list, score: float) -> float | None:
+    reached = [point[0] for point in curve if point[2] >= score]
+    return reached[0] if reached else None
+
+
+def spread(values: list) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+
+
+def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], task: str) -> dict:
+    row = {"env": env_name, "frames": frames, "task": task}
+    for trainer in ("appo", "sf"):
+        runs = results.get(trainer, [])
+        ok = [r for r in runs if r["status"] == "ok"]
+        row[trainer] = {
+            "seeds": len(runs), "failures": [f"seed {r['config']['seed']}: {r['status']}" for r in runs if r not in ok],
+            "scores": [score_at(r["curve"], frames) for r in ok],
+            "wall_s": [r["wall_s"] for r in ok],
+            "commit": sorted({r["commit"] for r in ok}),
+        }
+    sf_scores = [s for s in row["sf"]["scores"] if s is not None]
+    appo_scores = [s for s in row["appo"]["scores"] if s is not None]
+    row["sf_final_median"] = statistics.median(sf_scores) if sf_scores else None
+    row["appo_median"] = statistics.median(appo_scores) if appo_scores else None
+    if row["sf_final_median"] is not None:
+        times = [seconds_to_reach(r["curve"], row["sf_final_median"]) for r in results.get("appo", [])
+                 if r["status"] == "ok"]
+        row["appo_s_to_sf_final"] = times
+        reached = [t for t in times if t is not None]
+        row["appo_s_to_sf_final_median"] = statistics.median(times) if times and len(reached) > len(times) / 2 else None
+        sf_wall = statistics.median(row["sf"]["wall_s"]) if row["sf"]["wall_s"] else None
+        row["time_ratio"] = (row["appo_s_to_sf_final_median"] / sf_wall
+                             if sf_wall and row["appo_s_to_sf_final_median"] is not None else None)
+    return row
+
+
+def minutes(values: list) -> str:
+    values = [v for v in values if v is not None]
+    return f"{statistics.median(values) / 60:.1f}" if values else "-"
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [
+        "Scores at equal frames: each trainer's average game score over its last 100 games at the frame budget,",
+        "frames = env frames (frameskip included) the learner has trained on, for both trainers; median [min, max]",
+        "over seeds (n = seeds). Wall-clock: median minutes from launch to the budget. 'appo to SF' = appo.py's",
+        "median minutes to first reach Sample Factory's final median score; ratio = that / SF's wall-clock.",
+        "",
+        "| env | frames | appo.py (n) | Sample Factory (n) | appo min | SF min | appo to SF | ratio | task match |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        appo, sf = row["appo"], row["sf"]
+        ratio = row.get("time_ratio")
+        lines.append(
+            f"| {row['env']} | {row['frames'] / 1e6:g}M | {spread(appo['scores'])} ({len(appo['scores'])}) | "
+            f"{spread(sf['scores'])} ({len(sf['scores'])}) | {minutes(appo['wall_s'])} | {minutes(sf['wall_s'])} | "
+            f"{minutes([row.get('appo_s_to_sf_final_median')]) if row.get('appo_s_to_sf_final_median') else '-'} | "
+            f"{f'{ratio:.2f}' if ratio is not None else '-'} | {row['task']} |")
+    failures = [f"{row['env']} {trainer}: {failure}" for row in rows for trainer in ("appo", "sf")
+                for failure in row[trainer]["failures"]]
+    if failures:
+        lines += ["", "Failed runs (counted as failures, not in the scores):", *[f"- {f}" for f in failures]]
+    commits = sorted({c for row in rows for c in row["appo"]["commit"]})
+    lines += ["", f"appo.py at commit(s): {', '.join(commits) or '-'}"]
+    return "\n".join(lines)
+
+
+def band(curves: list[list], axis: int, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Median, min and max over runs of the score interpolated on `grid` (nan outside each run)."""
+    values = []
+    for curve in curves:
+        points = np.array(curve)
+        interpolated = np.interp(grid, points[:, axis], points[:, 2], left=np.nan, right=np.nan)
+        values.append(interpolated)
+    values = np.array(values)
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmedian(values, 0), np.nanmin(values, 0), np.nanmax(values, 0)
+
+
+def plot_env(env_name: str, results: dict[str, list[dict]], path: str):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (by_frames, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for trainer, label, color in (("appo", "appo.py", "tab:blue"), ("sf", "Sample Factory 2.1.1", "tab:orange")):
+        curves = [r["curve"] for r in results.get(trainer, []) if r["status"] == "ok" and len(r["curve"]) > 1]
+        if not curves:
+            continue
+        for axis, panel, scale in ((1, by_frames, 1e6), (0, by_time, 60.0)):
+            grid = np.linspace(0, max(max(p[axis] for p in c) for c in curves), 200)
+            median, low, high = band(curves, axis, grid)
+            panel.plot(grid / scale, median, color=color, label=f"{label} (median of {len(curves)})")
+            panel.fill_between(grid / scale, low, high, color=color, alpha=0.2)
+    by_frames.set_xlabel("env frames trained (millions, frameskip included)")
+    by_time.set_xlabel("wall-clock minutes from launch")
+    for panel in (by_frames, by_time):
+        panel.set_ylabel("average game score (last 100 games)")
+        panel.grid(alpha=0.3)
+    by_frames.legend(loc="lower right")
+    figure.suptitle(f"{env_name}: appo.py vs Sample Factory, same system configuration, min-max band over seeds")
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", default=",".join(SUITE), help="comma-separated envs (default: the suite)")
+    parser.add_argument("--trainers", default="appo,sf", help="appo, sf or both")
+    parser.add_argument("--sf_python", default=None,
+                        help="Sample Factory's interpreter (scripts/setup_sample_factory.sh makes it); needed for "
+                             "its runs and the task check")
+    parser.add_argument("--appo_seeds", type=int, default=None, help="seeds of appo.py per env (default: SEEDS)")
+    parser.add_argument("--sf_seeds", type=int, default=None, help="seeds of Sample Factory per env (default: SEEDS)")
+    parser.add_argument("--frames", type=int, default=None, help="frame budget for every env (default: SUITE's)")
+    parser.add_argument("--appo_flags", default="", help="extra appo.py flags (part of the saved configuration)")
+    parser.add_argument("--sf_flags", default="", help="extra Sample Factory flags (part of the saved configuration)")
+    parser.add_argument("--results_dir", default=os.path.join(REPO, "docs", "bench", "learning"),
+                        help="one JSON per finished run; commit it (the bench resumes from it)")
+    parser.add_argument("--plot_dir", default=None, help="one PNG per env (default: --results_dir)")
+    parser.add_argument("--stall_seconds", type=float, default=300.0,
+                        help="a run that prints nothing for this long is hung: killed, counted as a failure")
+    parser.add_argument("--max_hours", type=float, default=4.0, help="a run still going after this long is hung")
+    parser.add_argument("--report_only", action="store_true", help="run nothing: the table and plots from saved results")
+    parser.add_argument("--json", action="store_true", help="print the table's figures as JSON")
+    args = parser.parse_args(argv)
+    args.envs = [name for name in args.envs.split(",") if name]
+    args.trainers = [name for name in args.trainers.split(",") if name]
+    problems = [f"--envs: {name} is not a doom_* or atari_* env" for name in args.envs
+                if family(name) not in SYSTEM]
+    problems += [f"--envs: {name} has no frame budget in SUITE: give --frames" for name in args.envs
+                 if name not in SUITE and args.frames is None]
+    problems += [f"--trainers: {name} is neither appo nor sf" for name in args.trainers if name not in ("appo", "sf")]
+    if "sf" in args.trainers and not args.report_only and not (args.sf_python and os.path.isfile(args.sf_python)):
+        problems.append("--sf_python: give Sample Factory's interpreter (scripts/setup_sample_factory.sh makes one), "
+                        "or --trainers appo")
+    if problems:
+        parser.error("; ".join(problems))
+    args.plot_dir = args.plot_dir or args.results_dir
+    return args
+
+
+def seeds_for(args, trainer: str, env_name: str) -> list[int]:
+    appo_seeds, sf_seeds = SEEDS[family(env_name)]
+    count = (args.appo_seeds or appo_seeds) if trainer == "appo" else (args.sf_seeds or sf_seeds)
+    return list(range(1, count + 1))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rows = []
+    for env_name in args.envs:
+        task_path = os.path.join(args.results_dir, env_name, "task_match.json")
+        if args.sf_python and not args.report_only:
+            save_json(task_path, {"task": check_task(args, env_name), "commit": git_commit()})
+        task = (load_result(task_path) or {}).get("task", "not checked (no --sf_python)")
+        results = {}
+        for trainer in ("appo", "sf"):
+            results[trainer] = []
+            for seed in seeds_for(args, trainer, env_name):
+                config = run_config(args, trainer, env_name, seed)
+                path = result_path(args, trainer, env_name, seed)
+                saved = load_result(path)
+                if saved is not None and saved.get("key") == config_key(config) and saved["status"] == "ok":
+                    results[trainer].append(saved)
+                    continue
+                if args.report_only or trainer not in args.trainers:
+                    continue  # nothing saved for this configuration, and not asked to run it
+                result = run_one(args, config)
+                save_json(path, result)
+                results[trainer].append(result)
+        rows.append(summarize_env(env_name, args.frames or SUITE[env_name], results, task))
+        if any(results.values()):
+            plot_env(env_name, results, os.path.join(args.plot_dir, f"{env_name}.png"))
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+
+
+if __name__ == "__main__":
+    main()
