@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     algo.add_argument("--batch_size", type=int, default=2048,
                       help="samples per SGD step; a multiple of --rollout")
     algo.add_argument("--num_epochs", type=int, default=1, help="SGD passes over each batch")
+    algo.add_argument("--num_batches_per_epoch", type=int, default=1,
+                      help="minibatches per pass (Sample Factory's name): each takes whole trajectories, "
+                           "batch_size / this samples, computes its targets with the weights of the moment and "
+                           "makes one optimiser step; the batch's slots (batch_size / rollout) must divide evenly")
     algo.add_argument("--gamma", type=float, default=0.99, help="discount factor (default: the env's)")
     algo.add_argument("--with_vtrace", action=argparse.BooleanOptionalAction, default=True,
                       help="V-trace value targets and advantages; --no-with_vtrace uses GAE")
@@ -242,7 +246,8 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     if env_problem:
         errors.append(env_problem)
     for flag in ["max_num_episodes", "video_frames", "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
-                 "policy_workers_per_policy", "remap_policies_every", "rollout", "batch_size", "num_epochs", "hidden_size",
+                 "policy_workers_per_policy", "remap_policies_every", "rollout", "batch_size", "num_epochs",
+                 "num_batches_per_epoch", "hidden_size",
                  "env_frameskip", "train_for_env_steps", "keep_checkpoints", "learner_threads",
                  "policy_worker_threads"]:
         if getattr(cfg, flag) <= 0:
@@ -273,6 +278,10 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     elif cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout}: "
                       f"use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout or cfg.rollout}")
+    elif (cfg.batch_size // cfg.rollout) % cfg.num_batches_per_epoch:
+        errors.append(f"--num_batches_per_epoch {cfg.num_batches_per_epoch} does not divide the "
+                      f"{cfg.batch_size // cfg.rollout} trajectories of a batch (--batch_size / --rollout): "
+                      "pick a divisor, or change --batch_size")
     if not 0 <= cfg.past_opponents_fraction <= 1:
         errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
     if cfg.with_pbt and cfg.num_policies < 2:
@@ -1552,25 +1561,42 @@ class Learner:
         return stats
 
     def sgd_step(self, batch) -> dict:
-        """Normaliser updates and --num_epochs optimiser steps on one batch; returns the loss stats."""
-        stats = {}
+        """The input statistics, then --num_epochs passes over the batch, each in
+        --num_batches_per_epoch minibatches of whole trajectories (V-trace and GAE run along a
+        trajectory, and each starts from its own saved RNN state), one optimiser step each.
+        Every statistic counts the batch once. Returns the last step's loss stats."""
         self.model.update_normalizers({key: trajectory_major(batch[key]) for key in self.model.encoders})
+        trajectories = batch["done"].shape[1]
+        size = trajectories // self.cfg.num_batches_per_epoch
+        # contiguous ranges: views of the trajectory-major batch, no copies
+        minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
+        stats = {}
         for epoch in range(self.cfg.num_epochs):
-            loss, stats = appo_loss(self.model, batch, self.policy_version, self.cfg, update_statistics=epoch == 0)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if distributed():
-                average_gradients(self.model)
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-            stats["grad_norm"] = grad_norm.item()
-            finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
-            if not (all_ranks_agree(finite) if distributed() else finite):
-                self.skip_nonfinite_step(stats)
-                break
-            self.nonfinite_in_a_row = 0
-            self.optimizer.step()
+            for rows in minibatches:
+                minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
+                loss, stats = appo_loss(self.model, minibatch, self.policy_version, self.cfg,
+                                        update_statistics=epoch == 0)
+                if not self.optimizer_step(loss, stats):
+                    stats["skipped_steps"] = self.skipped_steps
+                    return stats
         stats["skipped_steps"] = self.skipped_steps
         return stats
+
+    def optimizer_step(self, loss: torch.Tensor, stats: dict) -> bool:
+        """One clipped Adam step on `loss`; False (and no step) if the loss or gradient is not finite."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if distributed():
+            average_gradients(self.model)
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        stats["grad_norm"] = grad_norm.item()
+        finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
+        if not (all_ranks_agree(finite) if distributed() else finite):
+            self.skip_nonfinite_step(stats)
+            return False
+        self.nonfinite_in_a_row = 0
+        self.optimizer.step()
+        return True
 
     def skip_nonfinite_step(self, stats: dict):
         """A NaN or Inf loss or gradient: leave the weights as they are; stop after too many in a row."""

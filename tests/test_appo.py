@@ -247,6 +247,37 @@ def test_the_learner_counts_each_batch_once_in_the_running_statistics_whatever_t
     assert all(state["step"] == 3 for state in learner.optimizer.state.values())
 
 
+def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_path, monkeypatch):
+    """--num_epochs 2 --num_batches_per_epoch 2: four optimiser steps, each on two whole trajectories
+    (every step of them, with their own first RNN state), the return statistics counted once."""
+    cfg = small_cfg(train_dir=str(tmp_path), num_epochs=2, num_batches_per_epoch=2, normalize_returns=True)
+    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    steps, trajectories = 6, 4
+    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, steps, trajectories)
+    batch["rnn_state"][0] = torch.arange(trajectories, dtype=torch.float32).unsqueeze(1)  # names each trajectory
+    seen = []
+    real_loss = appo.appo_loss
+
+    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False):
+        seen.append((minibatch["rnn_state"][0, :, 0].tolist(), minibatch["reward"].shape, update_statistics))
+        return real_loss(model, minibatch, policy_version, cfg, update_statistics)
+
+    monkeypatch.setattr(appo, "appo_loss", recording_loss)
+    returns_count = float(learner.model.returns_normalizer.count)
+    learner.sgd_step(batch)
+    assert [trajectory_ids for trajectory_ids, _, _ in seen] == [[0.0, 1.0], [2.0, 3.0]] * 2
+    assert all(shape == (steps + 1, 2) for _, shape, _ in seen)
+    assert [update for _, _, update in seen] == [True, True, False, False]
+    assert all(state["step"] == 4 for state in learner.optimizer.state.values())
+    assert float(learner.model.returns_normalizer.count) == pytest.approx(returns_count + steps * trajectories)
+
+
+def test_num_batches_per_epoch_must_divide_the_trajectories_of_a_batch():
+    cfg = small_cfg(num_batches_per_epoch=3)  # 24 / 6 = 4 trajectories
+    assert any("--num_batches_per_epoch 3" in error for error in appo.config_errors(cfg))
+    assert not appo.config_errors(small_cfg(num_batches_per_epoch=2))
+
+
 # ---------------------------------------------------------------------------------------------
 # Model
 
