@@ -1502,12 +1502,21 @@ class Learner:
         self.slots_per_batch = cfg.batch_size // cfg.rollout
         self.skipped_steps, self.nonfinite_in_a_row = 0, 0
         self.batcher_stop = threading.Event()
+        self.learner_waiting = threading.Event()  # the learner wants a batch: copy one out
 
     def batching(self) -> bool:
         return not (self.batcher_stop.is_set() or self.shared.run.should_stop())
 
     def batcher(self):
-        """Background thread: collects finished slots, copies them out, frees them, queues the batch."""
+        """Background thread: collects finished slots, copies them out, frees them, queues the batch.
+
+        It copies a batch out only when the learner asks for one: while the learner trains, the
+        next batch's slots stay taken, and with the slot budget of create_shared the rollout
+        workers then wait for free slots instead of running ahead. So the learner trains on data
+        acted by the weights of one or two versions ago, however slow it is (when it copied ahead
+        and held a batch while blocked, doom_basic at 2x8 envs trained 5-7 versions behind). The
+        price is the copy, a few milliseconds a batch, on the learner's critical path.
+        """
         slots, learner_queue = self.shared.slots, self.shared.learner_queues[self.policy_id]
         pending = []
         while self.batching():
@@ -1520,17 +1529,26 @@ class Learner:
             pending += [message[0] for message in messages]
             if len(pending) < self.slots_per_batch:
                 continue
+            while self.batching() and not self.learner_waiting.wait(timeout=0.5):
+                pass
+            if not self.batching():
+                return
             batch = slots.gather(pending)
             slots.control.release(pending)
             pending = []
             if self.device.type == "cuda":
                 batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
-            while self.batching():
+            self.learner_waiting.clear()
+            while self.batching():  # the learner is waiting on the empty queue, unless its wait just timed out
                 try:
                     self.batches.put(batch, timeout=0.5)
                     break
                 except queue.Full:
                     continue
+
+    def next_batch(self, timeout: float):
+        self.learner_waiting.set()
+        return self.batches.get(timeout=timeout)
 
     def follow_population(self):
         """Takes the hyperparameters and, when asked, the weights that population-based training chose."""
@@ -1650,7 +1668,7 @@ class Learner:
             batch = None
             if not stop:
                 try:
-                    batch = self.batches.get(timeout=0.5)
+                    batch = self.next_batch(timeout=0.5)
                 except queue.Empty:
                     continue
             if distributed():  # every rank steps, or every rank stops (and the runners with them)
@@ -1905,9 +1923,13 @@ def num_processes(cfg) -> int:
 def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     num_actors = cfg.num_workers * cfg.num_envs_per_worker * probe.num_agents
     slots_per_batch = cfg.batch_size // cfg.rollout
-    # Each actor fills one slot while up to two batches per learner wait or train; a few spare
-    # slots keep actors from waiting on the learner while it frees a batch.
-    num_slots = 2 * num_actors + 2 * slots_per_batch * cfg.num_policies
+    # Each actor fills one slot, and each learner's next batch waits in slots of its own while the
+    # learner trains (Learner.batcher copies it out only when the learner asks). No more: slots to
+    # spare would let rollout workers run ahead of a slow learner, and every batch they fill ahead
+    # adds a policy version of lag (with twice the actors plus two batches of slots, as before,
+    # doom_basic at 2x8 envs trained 5-7 versions behind; Sample Factory also stops collecting
+    # when two batches wait).
+    num_slots = num_actors + slots_per_batch * cfg.num_policies
     specs = rollout_buffer_specs(*probe.spaces, cfg)
     weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
     weights = []

@@ -3,6 +3,7 @@ end-to-end run on real VizDoom with real processes."""
 import argparse
 import glob
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -561,6 +562,27 @@ def test_end_to_end_training_run_checkpoints_resumes_and_cleans_up(tmp_path):
     assert f"resumed from policy version {first_versions[-1]}" in second.stdout
     assert checkpoint_versions(tmp_path)[-1] > first_versions[-1]
     assert processes_tagged(tag) == []
+
+
+LAG = re.compile(r"lag (\d+)/([\d.]+)/(\d+)")
+
+
+@pytest.mark.slow
+def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
+    """A learner made slow (8 epochs a batch) against 8 actors: the rollout workers wait for free
+    slots instead of running ahead, so the learner trains on data at most a few versions old (with
+    a spare batch of slots and a copied batch held back while blocked, it was 5-7 versions)."""
+    command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
+               "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "128", "--num_epochs", "8",
+               "--hidden_size", "128", "--train_for_seconds", "30", "--report_every_sec", "2",
+               "--train_dir", str(tmp_path), "--seed", "1"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lags = [tuple(float(v) for v in match.groups()) for match in map(LAG.search, run.stdout.splitlines()) if match]
+    steady = lags[len(lags) // 3:]  # after the first batches
+    assert len(steady) >= 5, run.stdout[-3000:]
+    assert max(lag_max for _, _, lag_max in steady) <= 4, steady
+    assert np.median([lag_avg for _, lag_avg, _ in steady]) <= 2.5, steady
 
 
 def test_readme_documents_every_flag():
