@@ -33,6 +33,7 @@ import glob
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -70,6 +71,8 @@ SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
 # training rewards, which its doom_utils.py scales by DoomSpec.reward_scaling: undone here.
 SF_SCORE_SCALE = {"doom_basic": 100.0, "doom_deadly_corridor": 100.0}
 APPO_SCORE_TAG, APPO_FRAMES_TAG, SF_SCORE_TAG = "p0/true_return", "p0/frames_trained", "policy_stats/avg_true_objective"
+# A run during which more than this share of the machine's CPU went to other jobs is marked.
+CONTENDED_SHARE = 0.05
 # Entries in /dev/shm that a killed trainer can leave: VizDoom's segments, multiprocessing's semaphores.
 SHM_PREFIXES = ("ViZDoom", "sem.mp-")
 
@@ -168,11 +171,27 @@ def kill_group(pid: int):
     appo.kill_process_group(pid)
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [float(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: float, max_seconds: float) -> dict:
     """Runs one training in its own process group, its output to log_path. A run that prints
     nothing for stall_seconds, or runs past max_seconds, is killed as hung. Whatever it leaves
-    (processes, /dev/shm entries) is removed and reported."""
+    (processes, /dev/shm entries) is removed and reported. `other_cpu_share` is the share of the
+    machine's CPU time that went to anything but this run (another job would slow it down: its
+    wall-clock is then not comparable)."""
     shm_before = shm_entries()
+    busy_before, own_before = busy_cpu_seconds(), children_cpu_seconds()
     started_at = time.time()
     last_output = [time.monotonic()]
     with open(log_path, "w") as log:
@@ -206,6 +225,8 @@ def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: floa
             process.wait()
             reader.join(timeout=10)
     wall_s = time.time() - started_at
+    other_cpu_s = (busy_cpu_seconds() - busy_before) - (children_cpu_seconds() - own_before)
+    other_cpu_share = max(0.0, other_cpu_s) / (wall_s * (os.cpu_count() or 1))
     leftovers = sorted(shm_entries() - shm_before)
     for name in leftovers:
         try:
@@ -215,7 +236,7 @@ def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: floa
     if status is None:
         status = "ok" if process.returncode == 0 else f"failed (exit code {process.returncode})"
     return {"status": status, "returncode": process.returncode, "started_at": started_at, "wall_s": wall_s,
-            "shm_leftovers_removed": leftovers}
+            "other_cpu_share": round(other_cpu_share, 3), "shm_leftovers_removed": leftovers}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +397,8 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
             "scores": [score_at(r["curve"], frames) for r in ok],
             "wall_s": [r["wall_s"] for r in ok],
             "commit": sorted({r["commit"] for r in ok}),
+            "shared_machine": [f"seed {r['config']['seed']}: {r['other_cpu_share']:.0%} of the CPU went elsewhere"
+                               for r in ok if r.get("other_cpu_share", 0.0) > CONTENDED_SHARE],
         }
     sf_scores = [s for s in row["sf"]["scores"] if s is not None]
     appo_scores = [s for s in row["appo"]["scores"] if s is not None]
@@ -420,6 +443,11 @@ def format_table(rows: list[dict]) -> str:
                 for failure in row[trainer]["failures"]]
     if failures:
         lines += ["", "Failed runs (counted as failures, not in the scores):", *[f"- {f}" for f in failures]]
+    shared = [f"{row['env']} {trainer}: {note}" for row in rows for trainer in ("appo", "sf")
+              for note in row[trainer]["shared_machine"]]
+    if shared:
+        lines += ["", "Runs that shared the machine with another job (their wall-clock reads slow):",
+                  *[f"- {s}" for s in shared]]
     commits = sorted({c for row in rows for c in row["appo"]["commit"]})
     lines += ["", f"appo.py at commit(s): {', '.join(commits) or '-'}"]
     return "\n".join(lines)
