@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="width of the fully connected layer after the encoder and of the RNN")
     model.add_argument("--rnn_type", choices=["gru", "lstm", "none"], default="gru",
                        help="recurrent core; 'none' for a feed-forward policy")
+    model.add_argument("--encoder", choices=list(CONV_ENCODERS), default="convnet_simple",
+                       help="conv net for image observations: convnet_simple, the Sample Factory paper's "
+                            "(32/64/128 channels, ELU), or convnet_atari, the DQN paper's Nature CNN "
+                            "(32/64/64 channels, ReLU, as in Sample Factory's and CleanRL's Atari configs)")
     model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=False,
                        help="normalise each observation element by its running mean and std")
     model.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
@@ -127,8 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="PPO keeps the policy ratio within [1/(1+eps), 1+eps]")
     algo.add_argument("--ppo_clip_value", type=float, default=1.0,
                       help="clip of the value change against the behaviour policy's value")
-    algo.add_argument("--value_loss_coeff", type=float, default=0.5, help="critic loss weight")
-    algo.add_argument("--entropy_coeff", type=float, default=0.003, help="entropy bonus weight")
+    algo.add_argument("--value_loss_coeff", type=float, default=0.5,
+                      help="weight of the critic's squared error (Sample Factory's definition and default)")
+    algo.add_argument("--exploration_loss", choices=["entropy", "symmetric_kl"], default="entropy",
+                      help="entropy: a bonus for the policy's entropy; symmetric_kl: a penalty on its symmetric "
+                           "KL divergence from the uniform policy, which grows without bound as an action's "
+                           "probability goes to 0, so no head can collapse (Sample Factory's Doom default)")
+    algo.add_argument("--exploration_loss_coeff", type=float, default=0.003,
+                      help="weight of the exploration term")
     algo.add_argument("--normalize_advantage", action=argparse.BooleanOptionalAction, default=True,
                       help="normalise advantages to zero mean, unit std per batch")
     algo.add_argument("--normalize_returns", action=argparse.BooleanOptionalAction, default=True,
@@ -139,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate")
+    optim.add_argument("--lr_schedule", choices=["constant", "linear_decay"], default="constant",
+                       help="linear_decay: the learning rate falls linearly to 0 at --train_for_env_steps")
     optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
     optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
     optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon")
@@ -381,6 +393,14 @@ class RunningNormalizer(nn.Module):
         return x * torch.sqrt(self.var + 1e-5) + self.mean
 
 
+# Conv encoders for images: (out channels, kernel, stride) per layer and the nonlinearity used
+# everywhere in the model.
+CONV_ENCODERS = {
+    "convnet_simple": ([(32, 8, 4), (64, 4, 2), (128, 3, 2)], nn.ELU),
+    "convnet_atari": ([(32, 8, 4), (64, 4, 2), (64, 3, 1)], nn.ReLU),
+}
+
+
 class ActorCritic(nn.Module):
     """Encoder -> (GRU | LSTM | nothing) -> one categorical head per action sub-space + value.
 
@@ -395,23 +415,23 @@ class ActorCritic(nn.Module):
         self.head_sizes = action_head_sizes(action_space)
         self.encoders = nn.ModuleDict()
         features = 0
+        conv_layers, activation = CONV_ENCODERS[cfg.encoder]
         for key, (shape, _) in obs_shapes(obs_space).items():
             if len(shape) == 3:
-                self.encoders[key] = nn.Sequential(
-                    nn.Conv2d(shape[0], 32, 8, stride=4), nn.ELU(),
-                    nn.Conv2d(32, 64, 4, stride=2), nn.ELU(),
-                    nn.Conv2d(64, 128, 3, stride=2), nn.ELU(),
-                    nn.Flatten(),
-                )
+                layers, channels = [], shape[0]
+                for out_channels, kernel, stride in conv_layers:
+                    layers += [nn.Conv2d(channels, out_channels, kernel, stride=stride), activation()]
+                    channels = out_channels
+                self.encoders[key] = nn.Sequential(*layers, nn.Flatten())
                 with torch.no_grad():
                     features += self.encoders[key](torch.zeros(1, *shape)).shape[1]
             elif len(shape) == 1:
-                self.encoders[key] = nn.Sequential(nn.Linear(shape[0], 128), nn.ELU(),
-                                                   nn.Linear(128, 128), nn.ELU())
+                self.encoders[key] = nn.Sequential(nn.Linear(shape[0], 128), activation(),
+                                                   nn.Linear(128, 128), activation())
                 features += 128
             else:
                 raise ValueError(f"observation '{key}' of shape {shape}: expected an image (C, H, W) or a vector")
-        self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), nn.ELU())
+        self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), activation())
         self.normalize_input = cfg.normalize_input
         self.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
         self.obs_normalizers = nn.ModuleDict({key: RunningNormalizer(shape)
@@ -583,6 +603,17 @@ def policy_entropy(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
     return sum(-(head.exp() * head).sum(-1) for head in split_log_softmax(logits, head_sizes))
 
 
+def symmetric_kl_to_uniform(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
+    """(KL(pi || U) + KL(U || pi)) / 2 per head, summed over the heads: [...]."""
+    total = 0.0
+    for log_probs in split_log_softmax(logits, head_sizes):
+        log_uniform = -float(np.log(log_probs.shape[-1]))
+        kl_to_uniform = (log_probs.exp() * (log_probs - log_uniform)).sum(-1)
+        kl_from_uniform = (np.exp(log_uniform) * (log_uniform - log_probs)).sum(-1)
+        total = total + 0.5 * (kl_to_uniform + kl_from_uniform)
+    return total
+
+
 # =============================================================================================
 # ALGO LOGIC: the losses (pure functions; tests import them)
 # =============================================================================================
@@ -645,7 +676,16 @@ def ppo_policy_loss(log_probs, behaviour_log_probs, advantages, clip_ratio, mask
 def value_loss(values, behaviour_values, targets, clip_value, mask):
     """Squared error, pessimistic over the value clipped to behaviour_values +- clip_value."""
     clipped = behaviour_values + (values - behaviour_values).clamp(-clip_value, clip_value)
-    return 0.5 * masked_mean(torch.max((values - targets) ** 2, (clipped - targets) ** 2), mask)
+    return masked_mean(torch.max((values - targets) ** 2, (clipped - targets) ** 2), mask)
+
+
+def exploration_loss(logits, head_sizes, mask, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the exploration term to add to the loss, the policy's mean entropy for the stats)."""
+    entropy = masked_mean(policy_entropy(logits, head_sizes), mask)
+    if cfg.exploration_loss == "entropy":
+        return -entropy, entropy
+    # Sample Factory caps the mean at 30, so that a near-deterministic head cannot blow up the loss
+    return masked_mean(symmetric_kl_to_uniform(logits, head_sizes), mask).clamp(max=30.0), entropy
 
 
 def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
@@ -693,8 +733,8 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
 
     policy_loss = ppo_policy_loss(log_probs, behaviour_log_probs, advantages, cfg.ppo_clip_ratio, mask)
     critic_loss = value_loss(values[:-1], batch["value"][:-1], targets, cfg.ppo_clip_value, mask)
-    entropy = masked_mean(policy_entropy(logits[:-1], head_sizes), mask)
-    loss = policy_loss + cfg.value_loss_coeff * critic_loss - cfg.entropy_coeff * entropy
+    exploration, entropy = exploration_loss(logits[:-1], head_sizes, mask, cfg)
+    loss = policy_loss + cfg.value_loss_coeff * critic_loss + cfg.exploration_loss_coeff * exploration
     stats = {
         "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": critic_loss.item(),
         "entropy": entropy.item(), "valid_fraction": mask.mean().item(),
@@ -870,14 +910,14 @@ class RunState:
 class PolicyHyperparams:
     """Per-policy hyperparameters that population-based training changes during the run.
 
-    One row per policy: the learner's (learning rate, entropy coefficient, Adam beta1) and the
+    One row per policy: the learner's (learning rate, exploration coefficient, Adam beta1) and the
     env's reward-shaping weights (columns "reward/<name>"), with a version per row. The runner
     writes a row, then bumps its version; readers copy the row when the version moved, so a copy
     torn by a concurrent write is replaced on the next look. The runner also asks a learner to
     take over another policy's weights by naming it in copy_source and bumping copy_request.
     """
 
-    LEARNER_PARAMS = ["learning_rate", "entropy_coeff", "adam_beta1"]
+    LEARNER_PARAMS = ["learning_rate", "exploration_loss_coeff", "adam_beta1"]
 
     def __init__(self, cfg, reward_shaping: dict[str, float] | None):
         self.names = self.LEARNER_PARAMS + [f"reward/{name}" for name in (reward_shaping or {})]
@@ -1479,7 +1519,7 @@ class NonFiniteLoss(RuntimeError):
 
 class Learner:
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
-        # a copy: population-based training changes this policy's learning rate and entropy coefficient
+        # a copy: population-based training changes this policy's learning rate and exploration coefficient
         self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
         self.model = ActorCritic(*spaces_pair, cfg).to(self.device)
@@ -1564,12 +1604,13 @@ class Learner:
         if int(hyperparams.version[self.policy_id]) != self.hyperparams_version:
             self.hyperparams_version = int(hyperparams.version[self.policy_id])
             row = hyperparams.row(self.policy_id)
-            self.cfg.learning_rate, self.cfg.entropy_coeff = row["learning_rate"], row["entropy_coeff"]
+            self.cfg.learning_rate, self.cfg.exploration_loss_coeff = row["learning_rate"], row["exploration_loss_coeff"]
             for group in self.optimizer.param_groups:
                 group["lr"], group["betas"] = row["learning_rate"], (row["adam_beta1"], self.cfg.adam_beta2)
 
     def train_step(self, batch) -> dict:
         self.follow_population()
+        self.apply_lr_schedule()
         stats = self.sgd_step(batch)
         self.policy_version += 1
         self.env_frames += self.cfg.batch_size * self.cfg.env_frameskip * self.cfg.world_size  # all ranks trained
@@ -1577,6 +1618,15 @@ class Learner:
         self.shared.run.learner_frames[self.policy_id] = self.env_frames
         self.shared.run.learner_version[self.policy_id] = self.policy_version
         return stats
+
+    def apply_lr_schedule(self):
+        """--lr_schedule linear_decay: the (PBT-mutable) learning rate times the share of
+        --train_for_env_steps still to train."""
+        if self.cfg.lr_schedule == "constant":
+            return
+        remaining = max(0.0, 1.0 - self.env_frames / self.cfg.train_for_env_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.learning_rate * remaining
 
     def sgd_step(self, batch) -> dict:
         """The input statistics, then --num_epochs passes over the batch, each in
@@ -2189,7 +2239,7 @@ def experiment_dir(cfg) -> str:
 
 
 # Flags that fix the shape of the model (and what its buffers mean).
-MODEL_FLAGS = ["hidden_size", "rnn_type", "doom_game_variables", "normalize_input", "normalize_returns"]
+MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "doom_game_variables", "normalize_input", "normalize_returns"]
 # ... and of the data: a resumed experiment must keep them.
 IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
 

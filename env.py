@@ -86,20 +86,28 @@ def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None 
     return make_dmlab_env(name, cfg, env_index, render_mode)
 
 
-# Per-env overrides of appo.py's defaults, on top of the family's frameskip and gamma.
-# doom_basic is solved in a few hundred thousand frames: the paper's batch of 2048 would give too
-# few SGD steps in that budget, so it trains on smaller batches, as Sample Factory's examples do.
-# Per-pixel input normalisation makes the small monster stand out from the static room; without it
-# the return stayed flat for 500k frames, with it the return started climbing around 400k.
-ENV_FLAG_OVERRIDES: dict[str, dict] = {
-    "doom_basic": {"batch_size": 512, "normalize_input": True},
-}
-# Every atari_* env: Sample Factory's and CleanRL's Atari choices where appo.py's defaults are the
-# paper's Doom ones. The frame stack is the memory (no RNN, as Sample Factory's Atari config), the
-# learning rate and entropy bonus of PPO on Atari, and batches of 512 for more SGD steps a minute.
+# One set of training defaults per env family, on top of its frameskip and gamma: Sample Factory
+# 2.1.1's published family configurations (the defaults of its sample_factory/cfg/cfg.py, with
+# sf_examples/vizdoom/doom/doom_params.py or sf_examples/atari/atari_params.py on top) wherever
+# appo.py's own defaults differ. Not tuned to any one env: scripts/bench_learning.py measures them
+# across the family, and a change needs its table.
 FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
-    "atari_": {"rnn_type": "none", "learning_rate": 2.5e-4, "entropy_coeff": 0.01, "batch_size": 512},
+    # every single-player scenario (the Doom matches take DOOM_MATCH_DEFAULTS instead)
+    "doom_": {
+        "batch_size": 1024, "with_vtrace": False,  # cfg.py: batches of 1024, GAE with lambda 0.95
+        "normalize_input": True, "ppo_clip_value": 0.2,  # doom_params.py
+        "exploration_loss": "symmetric_kl", "exploration_loss_coeff": 0.001,  # doom_params.py
+    },
+    "atari_": {  # atari_params.py, chosen there to match CleanRL's and Stable-Baselines3's PPO
+        "rnn_type": "none", "encoder": "convnet_atari",  # the frame stack is the memory
+        "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
+        "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
+        "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
+    },
 }
+# Per-env overrides on top of the family's: only where Sample Factory itself sets one for that env,
+# with a comment naming where. It sets none for the built-in single-player envs.
+ENV_FLAG_OVERRIDES: dict[str, dict] = {}
 
 
 def env_defaults(name: str) -> dict:

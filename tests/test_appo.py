@@ -118,7 +118,7 @@ def test_clipped_value_loss_takes_the_pessimistic_error():
     targets = torch.tensor([0.0, 1.0])
     # first: unclipped error 9, clipped value 1 -> error 1: take 9; second: 0.25 vs 0.25
     loss = appo.value_loss(values, behaviour, targets, clip_value=1.0, mask=torch.ones(2))
-    assert loss.item() == pytest.approx(0.5 * (9.0 + 0.25) / 2)
+    assert loss.item() == pytest.approx((9.0 + 0.25) / 2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
     """Runs appo_loss with a model whose forward_rollout returns `learner_values` [T+1, B] and
     uniform two-action logits, and reads the value targets and the advantages back from the
     gradients of its loss (no entropy term, no clipping in reach, every step valid, n of them):
-      value part  c * 0.5 * mean((v - target)^2)  ->  dL/dv = c (v - target) / n
+      value part  c * mean((v - target)^2)  ->  dL/dv = 2 c (v - target) / n
       policy part -mean(ratio * A), d log pi(a) / d logit_a = 1/2  ->  dL/dlogit_a = -ratio A / (2 n)."""
     model = appo.ActorCritic(VECTOR_OBS, TWO_ACTIONS, cfg)
     steps, batch_size = learner_values.shape[0] - 1, learner_values.shape[1]
@@ -178,7 +178,7 @@ def targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
     loss, _ = appo.appo_loss(model, batch, 0, cfg)
     loss.backward()
     n = steps * batch_size
-    targets = learner_values[:-1] - values.grad[:-1] * n / cfg.value_loss_coeff
+    targets = learner_values[:-1] - values.grad[:-1] * n / (2 * cfg.value_loss_coeff)
     ratio = torch.exp(np.log(0.5) - batch["log_prob"][:-1])
     logit_grad_of_taken = logits.grad[:-1].gather(-1, batch["actions"][:-1]).squeeze(-1)
     advantages = -logit_grad_of_taken * 2 * n / ratio
@@ -187,7 +187,7 @@ def targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
 
 def literal_test_cfg(with_vtrace: bool):
     return small_cfg(with_vtrace=with_vtrace, rnn_type="none", normalize_returns=False, normalize_input=False,
-                     normalize_advantage=False, entropy_coeff=0.0, ppo_clip_ratio=100.0, ppo_clip_value=1e6,
+                     normalize_advantage=False, exploration_loss_coeff=0.0, ppo_clip_ratio=100.0, ppo_clip_value=1e6,
                      max_policy_lag=100, gamma=0.9, gae_lambda=0.8, vtrace_rho=1.0, vtrace_c=1.0)
 
 
@@ -271,6 +271,27 @@ def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_pat
     assert [update for _, _, update in seen] == [True, True, False, False]
     assert all(state["step"] == 4 for state in learner.optimizer.state.values())
     assert float(learner.model.returns_normalizer.count) == pytest.approx(returns_count + steps * trajectories)
+
+
+def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_path):
+    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000)
+    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner.env_frames = 250
+    learner.apply_lr_schedule()
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
+    learner.env_frames = 5000  # past the end (a resumed run with a smaller budget): zero, not negative
+    learner.apply_lr_schedule()
+    assert learner.optimizer.param_groups[0]["lr"] == 0.0
+
+
+def test_convnet_atari_is_the_nature_cnn_with_relu():
+    cfg = small_cfg(encoder="convnet_atari", rnn_type="none")
+    model = appo.ActorCritic(spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4), cfg)
+    convs = [m for m in model.encoders["obs"] if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs] == [(32, 8, 4), (64, 4, 2), (64, 3, 1)]
+    assert model.fc[0].in_features == 64 * 7 * 7  # 84 -> 20 -> 9 -> 7
+    assert not any(isinstance(m, torch.nn.ELU) for m in model.modules())
+    assert any(isinstance(m, torch.nn.ReLU) for m in model.modules())
 
 
 def test_num_batches_per_epoch_must_divide_the_trajectories_of_a_batch():
@@ -392,6 +413,34 @@ def test_action_heads_sample_valid_actions_and_score_them():
     log_probs = appo.action_log_probs(logits, torch.tensor([[1, 2]]), [3, 4])
     assert log_probs.item() == pytest.approx(np.log(0.25), abs=1e-5)
     assert appo.policy_entropy(logits, [3, 4]).item() == pytest.approx(np.log(4), abs=1e-4)
+
+
+def test_symmetric_kl_to_uniform_against_a_hand_computed_example():
+    # head 1: probabilities (3/4, 1/4) against uniform (1/2, 1/2); head 2: uniform over 3, which adds 0
+    logits = torch.log(torch.tensor([[0.75, 0.25, 1 / 3, 1 / 3, 1 / 3]]))
+    kl_to_uniform = 0.75 * np.log(0.75 / 0.5) + 0.25 * np.log(0.25 / 0.5)
+    kl_from_uniform = 0.5 * np.log(0.5 / 0.75) + 0.5 * np.log(0.5 / 0.25)
+    expected = 0.5 * (kl_to_uniform + kl_from_uniform)
+    assert appo.symmetric_kl_to_uniform(logits, [2, 3]).item() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["entropy", "symmetric_kl"])
+def test_exploration_loss_pushes_a_skewed_policy_towards_uniform(kind):
+    """Both terms are smallest at the uniform policy; a gradient step on either makes the policy
+    more uniform. The symmetric KL is capped at 30 as in Sample Factory."""
+    cfg = argparse.Namespace(exploration_loss=kind)
+    logits = torch.tensor([[2.0, 0.0, -1.0]], requires_grad=True)
+    loss, entropy = appo.exploration_loss(logits, [3], torch.ones(1), cfg)
+    loss.backward()
+    with torch.no_grad():
+        stepped = logits - 0.1 * logits.grad
+    assert appo.policy_entropy(stepped, [3]).item() > entropy.item()
+    uniform_loss, _ = appo.exploration_loss(torch.zeros(1, 3), [3], torch.ones(1), cfg)
+    assert uniform_loss.item() <= loss.item()
+    if kind == "symmetric_kl":
+        assert uniform_loss.item() == pytest.approx(0.0, abs=1e-6)
+        collapsed, _ = appo.exploration_loss(torch.tensor([[200.0, -200.0, -200.0]]), [3], torch.ones(1), cfg)
+        assert collapsed.item() == 30.0
 
 
 def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):

@@ -329,10 +329,13 @@ def test_env_error_names_missing_package(monkeypatch):
 
 def test_env_defaults():
     expected = {"env_frameskip": 4, "gamma": 0.99}
-    assert env_defaults("doom_basic") == {**expected, "batch_size": 512, "normalize_input": True}
-    assert env_defaults("doom_health_gathering") == expected
-    assert env_defaults("atari_pong") == {**expected, "rnn_type": "none", "learning_rate": 2.5e-4,
-                                          "entropy_coeff": 0.01, "batch_size": 512}
+    # one set per family: every single-player Doom scenario alike, every Atari game alike
+    doom = env_defaults("doom_basic")
+    assert all(env_defaults(name) == doom for name in ("doom_health_gathering", "doom_my_way_home", "doom_take_cover"))
+    assert doom == {**expected, **envs.FAMILY_FLAG_OVERRIDES["doom_"]}
+    assert doom["batch_size"] == 1024 and doom["normalize_input"] and not doom["with_vtrace"]
+    assert env_defaults("atari_pong") == env_defaults("atari_breakout") == {**expected, **envs.FAMILY_FLAG_OVERRIDES["atari_"]}
+    assert env_defaults("doom_duel") == envs.DOOM_MATCH_DEFAULTS  # the matches keep their own
     assert env_defaults("dmlab_30") == expected
     assert env_defaults("no_such_env") == {}
     assert env_defaults("atari_notagame") == {}

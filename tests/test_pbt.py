@@ -29,7 +29,7 @@ def pbt_cfg(**overrides):
     return cfg
 
 
-ROW = {"learning_rate": 1e-4, "entropy_coeff": 0.003, "adam_beta1": 0.9, "reward/frag": 1.0, "reward/death": -0.5}
+ROW = {"learning_rate": 1e-4, "exploration_loss_coeff": 0.003, "adam_beta1": 0.9, "reward/frag": 1.0, "reward/death": -0.5}
 
 
 def test_best_and_worst_are_the_top_and_bottom_fraction():
@@ -86,8 +86,8 @@ def test_round_keeps_a_worst_policy_whose_objective_is_close_to_the_best():
 def test_hyperparams_are_shared_between_processes(spawn):
     cfg = pbt_cfg(num_policies=2)
     hyperparams = appo.PolicyHyperparams(cfg, {"frag": 1.0, "death": -0.5})
-    assert hyperparams.names == ["learning_rate", "entropy_coeff", "adam_beta1", "reward/frag", "reward/death"]
-    assert hyperparams.row(1) == {"learning_rate": cfg.learning_rate, "entropy_coeff": cfg.entropy_coeff,
+    assert hyperparams.names == ["learning_rate", "exploration_loss_coeff", "adam_beta1", "reward/frag", "reward/death"]
+    assert hyperparams.row(1) == {"learning_rate": cfg.learning_rate, "exploration_loss_coeff": cfg.exploration_loss_coeff,
                                   "adam_beta1": cfg.adam_beta1, "reward/frag": 1.0, "reward/death": -0.5}
     process = spawn.Process(target=double_frag_weight, args=(hyperparams, 1))
     process.start()
@@ -116,14 +116,14 @@ def test_learner_takes_over_the_weights_and_hyperparameters_it_is_given(tmp_path
     learner = appo.Learner(1, cfg, shared, spaces_pair)
     learner.optimizer.state[next(learner.model.parameters())]["step"] = torch.tensor(5.0)
     shared.hyperparams.request_copy(1, source_policy=0)
-    shared.hyperparams.set_row(1, {"learning_rate": 0.5, "entropy_coeff": 0.25, "adam_beta1": 0.8})
+    shared.hyperparams.set_row(1, {"learning_rate": 0.5, "exploration_loss_coeff": 0.25, "adam_beta1": 0.8})
     learner.follow_population()
     for name, parameter in learner.model.state_dict().items():
         assert torch.equal(parameter, best.state_dict()[name]), name
     assert not learner.optimizer.state  # Adam starts afresh on the copied weights
     group = learner.optimizer.param_groups[0]
     assert group["lr"] == 0.5 and group["betas"] == (0.8, cfg.adam_beta2)
-    assert learner.cfg.entropy_coeff == 0.25 and cfg.entropy_coeff == 0.003  # the learner's copy only
+    assert learner.cfg.exploration_loss_coeff == 0.25 and cfg.exploration_loss_coeff == 0.001  # the learner's copy only
 
 
 def run_population(tmp_path, tag, seconds):
@@ -160,7 +160,7 @@ def test_population_run_mutates_replaces_and_resumes(tmp_path):
     events = [event["event"] for state in states for event in state["history"]]
     assert "replaced" in events and "mutated" in events
     mutated = [state for state in states if any(e["event"] == "mutated" for e in state["history"])]
-    assert any(state["hyperparameters"] != {"learning_rate": 1e-4, "entropy_coeff": 0.003, "adam_beta1": 0.9}
+    assert any(state["hyperparameters"] != {"learning_rate": 1e-4, "exploration_loss_coeff": 0.001, "adam_beta1": 0.9}
                for state in mutated)
     assert processes_still_tagged(tag) == []
 
