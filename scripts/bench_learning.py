@@ -35,6 +35,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -73,8 +74,9 @@ SF_SCORE_SCALE = {"doom_basic": 100.0, "doom_deadly_corridor": 100.0}
 APPO_SCORE_TAG, APPO_FRAMES_TAG, SF_SCORE_TAG = "p0/true_return", "p0/frames_trained", "policy_stats/avg_true_objective"
 # A run during which more than this share of the machine's CPU went to other jobs is marked.
 CONTENDED_SHARE = 0.05
-# Entries in /dev/shm that a killed trainer can leave: VizDoom's segments, multiprocessing's semaphores.
-SHM_PREFIXES = ("ViZDoom", "sem.mp-")
+# Entries in /dev/shm that a killed trainer can leave: VizDoom's segments, multiprocessing's
+# semaphores, torch's shared tensors (Sample Factory's).
+SHM_PREFIXES = ("ViZDoom", "sem.mp-", "torch_")
 
 
 def family(env_name: str) -> str:
@@ -220,19 +222,19 @@ def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: floa
                     except subprocess.TimeoutExpired:
                         pass
                     break
-        finally:
+        finally:  # also on Ctrl-C or SIGTERM of the bench: nothing of the run survives it
             kill_group(process.pid)
             process.wait()
             reader.join(timeout=10)
+            leftovers = sorted(shm_entries() - shm_before)
+            for name in leftovers:
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
     wall_s = time.time() - started_at
     other_cpu_s = (busy_cpu_seconds() - busy_before) - (children_cpu_seconds() - own_before)
     other_cpu_share = max(0.0, other_cpu_s) / (wall_s * (os.cpu_count() or 1))
-    leftovers = sorted(shm_entries() - shm_before)
-    for name in leftovers:
-        try:
-            os.unlink(os.path.join("/dev/shm", name))
-        except OSError:
-            pass
     if status is None:
         status = "ok" if process.returncode == 0 else f"failed (exit code {process.returncode})"
     return {"status": status, "returncode": process.returncode, "started_at": started_at, "wall_s": wall_s,
@@ -547,6 +549,8 @@ def seeds_for(args, trainer: str, env_name: str) -> list[int]:
 
 def main(argv=None):
     args = parse_args(argv)
+    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the running trainer is stopped and cleaned up
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"bench_learning: stopped by signal {signum}"))
     rows = []
     for env_name in args.envs:
         task_path = os.path.join(args.results_dir, env_name, "task_match.json")
