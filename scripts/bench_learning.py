@@ -253,6 +253,12 @@ def scalar_events(events_dir: str) -> dict[str, list]:
     return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"]}
 
 
+def appo_lag(train_dir: str) -> float | None:
+    """Median over the run of appo.py's average policy lag (versions between acting and training)."""
+    events = scalar_events(os.path.join(train_dir, "run", "tb")).get("p0/lag_avg", [])
+    return statistics.median(event.value for event in events) if events else None
+
+
 def appo_curve(train_dir: str, started_at: float) -> list[list[float]]:
     """appo.py writes its summaries at frames collected, with frames trained as a scalar of the
     same write: each score is placed at the frames trained when it was written."""
@@ -307,6 +313,8 @@ def run_one(args, config: dict) -> dict:
         try:
             curve = (appo_curve(train_dir, outcome["started_at"]) if trainer == "appo"
                      else sf_curve(train_dir, outcome["started_at"], env_name))
+            if trainer == "appo":
+                outcome["lag_avg_median"] = appo_lag(train_dir)
         except Exception as error:  # a run that died before its first summary has none
             outcome["curve_error"] = f"{type(error).__name__}: {error}"
         axis_problem = frame_axis_check(trainer, train_dir, env_name)
