@@ -12,6 +12,10 @@ sys.path.insert(0, REPO)
 import appo  # noqa: E402
 
 
+# Defaults computed from the machine's core count: the table names the rule, not this machine's value.
+MACHINE_DEPENDENT_DEFAULTS = {"num_workers": "CPU count", "learner_threads": "half the CPU cores, 1 to 4"}
+
+
 def flag_tables() -> str:
     lines = ["Every flag, with its default (`python appo.py --help` prints the same):", ""]
     for group in appo.build_parser()._action_groups:
@@ -20,7 +24,7 @@ def flag_tables() -> str:
             continue
         lines += [f"**{group.title}**", "", "| flag | default | meaning |", "|---|---|---|"]
         for action in actions:
-            default = "CPU count" if action.dest == "num_workers" else action.default
+            default = MACHINE_DEPENDENT_DEFAULTS.get(action.dest, action.default)
             lines.append(f"| `{' / '.join(action.option_strings)}` | {default} | {action.help.replace('%%', '%')} |")
         lines.append("")
     return "\n".join(lines) + "\n"

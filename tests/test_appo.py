@@ -634,6 +634,17 @@ def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
     assert np.median([lag_avg for _, lag_avg, _ in steady]) <= 2.5, steady
 
 
+def test_readme_flag_tables_are_the_parsers_names_defaults_and_help():
+    """The README's flag tables are what scripts/update_readme_flags.py makes from the parser now:
+    a changed default or help text without a README update fails here."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import update_readme_flags
+
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    assert update_readme_flags.flag_tables() in readme, "run python scripts/update_readme_flags.py"
+
+
 def test_readme_documents_every_flag():
     with open(os.path.join(REPO, "README.md")) as f:
         readme = f.read()
