@@ -263,10 +263,10 @@ def appo_curve(train_dir: str, started_at: float) -> list[list[float]]:
     """appo.py writes its summaries at frames collected, with frames trained as a scalar of the
     same write: each score is placed at the frames trained when it was written."""
     events = scalar_events(os.path.join(train_dir, "run", "tb"))
-    trained_at = {(event.step, round(event.wall_time, 3)): event.value for event in events.get(APPO_FRAMES_TAG, [])}
+    trained_at = {event.step: event.value for event in events.get(APPO_FRAMES_TAG, [])}  # the write's step
     curve = []
     for event in events.get(APPO_SCORE_TAG, []):
-        frames = trained_at.get((event.step, round(event.wall_time, 3)))
+        frames = trained_at.get(event.step)
         if frames is not None:
             curve.append([event.wall_time - started_at, frames, event.value])
     return sorted(curve, key=lambda point: point[1])
