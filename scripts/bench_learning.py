@@ -32,6 +32,7 @@ import argparse
 import glob
 import hashlib
 import json
+import math
 import os
 import resource
 import shutil
@@ -418,8 +419,9 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
         times = [seconds_to_reach(r["curve"], row["sf_final_median"]) for r in results.get("appo", [])
                  if r["status"] == "ok"]
         row["appo_s_to_sf_final"] = times
-        reached = [t for t in times if t is not None]
-        row["appo_s_to_sf_final_median"] = statistics.median(times) if times and len(reached) > len(times) / 2 else None
+        # a seed that never got there counts as infinitely slow: the median exists if most got there
+        median = statistics.median([math.inf if t is None else t for t in times]) if times else math.inf
+        row["appo_s_to_sf_final_median"] = None if math.isinf(median) else median
         sf_wall = statistics.median(row["sf"]["wall_s"]) if row["sf"]["wall_s"] else None
         row["time_ratio"] = (row["appo_s_to_sf_final_median"] / sf_wall
                              if sf_wall and row["appo_s_to_sf_final_median"] is not None else None)

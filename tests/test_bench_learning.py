@@ -1,0 +1,101 @@
+"""scripts/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
+table's figures from hand-made runs, the task probe on real VizDoom, and a real run's clean-up."""
+import os
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+from conftest import processes_tagged
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import bench_learning as bench  # noqa: E402
+
+
+def run(trainer, seed, curve, wall_s, status="ok", share=0.0):
+    return {"config": {"trainer": trainer, "seed": seed}, "status": status, "curve": curve, "wall_s": wall_s,
+            "commit": "abc", "other_cpu_share": share}
+
+
+def test_scores_are_read_at_the_budget_and_times_at_the_first_crossing():
+    curve = [[10.0, 100.0, -5.0], [20.0, 400.0, 3.0], [30.0, 900.0, 6.0], [40.0, 1100.0, 9.0]]
+    assert bench.score_at(curve, 1000) == 6.0  # the last summary at or before the budget
+    assert bench.score_at(curve, 50) is None
+    assert bench.seconds_to_reach(curve, 3.0) == 20.0
+    assert bench.seconds_to_reach(curve, 10.0) is None
+
+
+def test_the_table_compares_medians_and_counts_a_seed_that_never_got_there_as_slowest():
+    sf = [run("sf", 1, [[100.0, 1000.0, 10.0]], 100.0), run("sf", 2, [[120.0, 1000.0, 12.0]], 120.0)]
+    appo = [run("appo", 1, [[20.0, 500.0, 11.5], [50.0, 1000.0, 13.0]], 50.0),
+            run("appo", 2, [[30.0, 500.0, 10.5], [60.0, 1000.0, 12.0]], 60.0),
+            run("appo", 3, [[60.0, 1000.0, 5.0]], 60.0),  # never reaches Sample Factory's 11
+            run("appo", 4, [], 5.0, status="failed (exit code 1)")]
+    row = bench.summarize_env("doom_x", 1000, {"appo": appo, "sf": sf}, "same")
+    assert row["sf_final_median"] == 11.0 and row["appo_median"] == 12.0
+    assert row["appo_s_to_sf_final"] == [20.0, 60.0, None]
+    assert row["appo_s_to_sf_final_median"] == 60.0  # median of 20, 60 and "never"
+    assert row["time_ratio"] == pytest.approx(60.0 / 110.0)
+    table = bench.format_table([row])
+    assert "| doom_x | 0.001M | 12.00 [5.00, 13.00] (3) | 11.00 [10.00, 12.00] (2) |" in table
+    assert "seed 4: failed (exit code 1)" in table
+
+    appo[1]["curve"][0][2] = 5.0  # now two of three seeds never get there: no time, no ratio
+    appo[1]["curve"][1][2] = 5.0
+    row = bench.summarize_env("doom_x", 1000, {"appo": appo, "sf": sf}, "same")
+    assert row["appo_s_to_sf_final_median"] is None and row["time_ratio"] is None
+
+
+def test_a_run_that_shared_the_machine_is_marked():
+    sf = [run("sf", 1, [[100.0, 1000.0, 10.0]], 100.0, share=0.3)]
+    row = bench.summarize_env("doom_x", 1000, {"appo": [], "sf": sf}, "same")
+    assert "30% of the CPU went elsewhere" in bench.format_table([row])
+
+
+def test_any_change_to_the_trainer_or_the_flags_changes_the_saved_configurations_key(monkeypatch):
+    args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo"])
+    key = bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
+    assert key == bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
+    assert key != bench.config_key(bench.run_config(args, "appo", "doom_basic", 2))
+    args.appo_flags = "--batch_size 512"
+    assert key != bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
+    args.appo_flags = ""
+    monkeypatch.setattr(bench, "appo_code_hash", lambda: "edited")
+    assert key != bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--envs", "dmlab_30", "--trainers", "appo"])
+    assert "dmlab_30 is not a doom_* or atari_* env" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--envs", "doom_basic"])  # Sample Factory's runs need its interpreter
+    assert "--sf_python" in capsys.readouterr().err
+
+
+def test_the_task_probe_plays_doom_basic_the_same_way_twice(tmp_path):
+    """The probe replays a fixed action sequence from a seed: two probes of the same trainer agree
+    exactly (what check_task compares across trainers)."""
+    first = bench.probe(sys.executable, "appo", "doom_basic", str(tmp_path / "a.npz"))
+    second = bench.probe(sys.executable, "appo", "doom_basic", str(tmp_path / "b.npz"))
+    assert first["action_sizes"].tolist() == [4]
+    assert len(first["rewards"]) == 200 and first["dones"].any()  # episodes end and restart within 200 steps
+    assert np.array_equal(first["screens"], second["screens"]) and np.array_equal(first["rewards"], second["rewards"])
+
+
+@pytest.mark.slow
+def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp_path, monkeypatch):
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("APPO_TEST_TAG", tag)
+    args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo", "--frames", "40000",
+                             "--results_dir", str(tmp_path), "--appo_flags", "--num_envs_per_worker=4"])
+    shm_before = bench.shm_entries()
+    result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
+    assert result["status"] == "ok", result["log_tail"]
+    frames = [point[1] for point in result["curve"]]
+    assert frames and frames == sorted(frames) and frames[-1] >= 40000 * 0.75
+    assert all(frame % (1024 * 4) == 0 for frame in frames)  # whole batches of 1024 steps x frameskip 4: trained, not collected
+    assert processes_tagged(tag) == [] and bench.shm_entries() <= shm_before
+    assert not os.path.exists(os.path.join(tmp_path, "doom_basic", "appo_seed1.log"))
