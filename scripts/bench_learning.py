@@ -408,6 +408,7 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
             "scores": [score_at(r["curve"], frames) for r in ok],
             "wall_s": [r["wall_s"] for r in ok],
             "commit": sorted({r["commit"] for r in ok}),
+            "code": sorted({r["config"].get("code", "-") for r in ok}),
             "shared_machine": [f"seed {r['config']['seed']}: {r['other_cpu_share']:.0%} of the CPU went elsewhere"
                                for r in ok if r.get("other_cpu_share", 0.0) > CONTENDED_SHARE],
         }
@@ -460,8 +461,10 @@ def format_table(rows: list[dict]) -> str:
     if shared:
         lines += ["", "Runs that shared the machine with another job (their wall-clock reads slow):",
                   *[f"- {s}" for s in shared]]
-    commits = sorted({c for row in rows for c in row["appo"]["commit"]})
-    lines += ["", f"appo.py at commit(s): {', '.join(commits) or '-'}"]
+    codes = sorted({c for row in rows for c in row["appo"]["code"]})
+    commits = sorted({c[:7] for row in rows for c in row["appo"]["commit"]})
+    lines += ["", f"appo.py code (hash of appo.py, env.py, csrc/): {', '.join(codes) or '-'}; "
+                  f"HEAD during its runs: {', '.join(commits) or '-'}"]
     return "\n".join(lines)
 
 
@@ -524,8 +527,10 @@ def parse_args(argv=None):
     parser.add_argument("--appo_seeds", type=int, default=None, help="seeds of appo.py per env (default: SEEDS)")
     parser.add_argument("--sf_seeds", type=int, default=None, help="seeds of Sample Factory per env (default: SEEDS)")
     parser.add_argument("--frames", type=int, default=None, help="frame budget for every env (default: SUITE's)")
-    parser.add_argument("--appo_flags", default="", help="extra appo.py flags (part of the saved configuration)")
-    parser.add_argument("--sf_flags", default="", help="extra Sample Factory flags (part of the saved configuration)")
+    parser.add_argument("--appo_flags", default="",
+                        help="extra appo.py flags, part of the saved configuration: --appo_flags=\"--batch_size 512\"")
+    parser.add_argument("--sf_flags", default="",
+                        help="extra Sample Factory flags, part of the saved configuration: --sf_flags=\"--batch_size 512\"")
     parser.add_argument("--results_dir", default=os.path.join(REPO, "docs", "bench", "learning"),
                         help="one JSON per finished run; commit it (the bench resumes from it)")
     parser.add_argument("--plot_dir", default=None, help="one PNG per env (default: --results_dir)")

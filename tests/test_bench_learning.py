@@ -15,7 +15,7 @@ import bench_learning as bench  # noqa: E402
 
 
 def run(trainer, seed, curve, wall_s, status="ok", share=0.0):
-    return {"config": {"trainer": trainer, "seed": seed}, "status": status, "curve": curve, "wall_s": wall_s,
+    return {"config": {"trainer": trainer, "seed": seed, "code": "c0de"}, "status": status, "curve": curve, "wall_s": wall_s,
             "commit": "abc", "other_cpu_share": share}
 
 
@@ -90,7 +90,7 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     tag = uuid.uuid4().hex
     monkeypatch.setenv("APPO_TEST_TAG", tag)
     args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo", "--frames", "40000",
-                             "--results_dir", str(tmp_path), "--appo_flags", "--num_envs_per_worker=4"])
+                             "--results_dir", str(tmp_path), "--appo_flags=--num_envs_per_worker=4"])
     shm_before = bench.shm_entries()
     result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
     assert result["status"] == "ok", result["log_tail"]
