@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 import numpy as np
 
@@ -286,13 +287,11 @@ def frame_axis_check(trainer: str, train_dir: str, env_name: str) -> str | None:
     import env as envs
 
     expected = envs.env_defaults(env_name).get("env_frameskip", 1)
+    saved = load_result(os.path.join(train_dir, "run", "config.json")) or {}  # both trainers save one there
+    skip = saved.get("env_frameskip")
     if trainer == "appo":
-        path = os.path.join(train_dir, "run", "config.json")
-        saved = load_result(path) or {}
-        skip = saved.get("env_frameskip")
         return None if skip == expected else f"appo.py's env_frameskip {skip}, expected {expected}"
-    saved = load_result(os.path.join(train_dir, "run", "config.json")) or {}
-    skip, with_skip = saved.get("env_frameskip"), saved.get("summaries_use_frameskip")
+    with_skip = saved.get("summaries_use_frameskip")
     if skip != expected or with_skip is not True:
         return f"Sample Factory's env_frameskip {skip}, summaries_use_frameskip {with_skip}: expected {expected}, True"
     return None
@@ -470,18 +469,11 @@ def format_table(rows: list[dict]) -> str:
 
 def band(curves: list[list], axis: int, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Median, min and max over runs of the score interpolated on `grid` (nan outside each run)."""
-    values = []
-    for curve in curves:
-        points = np.array(curve)
-        interpolated = np.interp(grid, points[:, axis], points[:, 2], left=np.nan, right=np.nan)
-        values.append(interpolated)
-    values = np.array(values)
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return np.nanmedian(values, 0), np.nanmin(values, 0), np.nanmax(values, 0)
+    values = np.array([np.interp(grid, np.array(curve)[:, axis], np.array(curve)[:, 2], left=np.nan, right=np.nan)
+                       for curve in curves])
+    with warnings.catch_warnings():  # grid points that no run covers are all-nan: nan is the answer there
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(values, 0), np.nanmin(values, 0), np.nanmax(values, 0)
 
 
 def plot_env(env_name: str, results: dict[str, list[dict]], path: str):

@@ -68,10 +68,11 @@ def channels_last(screen: np.ndarray) -> np.ndarray:
 
 
 def action_sampler(space, rng: np.random.Generator):
-    sizes = [int(s.n) for s in space.spaces] if hasattr(space, "spaces") else [int(space.n)]
+    """A function drawing the next action (an int, or a tuple for several heads), and the head sizes."""
     if hasattr(space, "spaces"):
+        sizes = [int(s.n) for s in space.spaces]
         return lambda: tuple(int(rng.integers(n)) for n in sizes), sizes
-    return lambda: int(rng.integers(sizes[0])), sizes
+    return lambda: int(rng.integers(space.n)), [int(space.n)]
 
 
 def probe(env, steps: int, seed: int) -> dict:

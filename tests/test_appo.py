@@ -191,16 +191,23 @@ def literal_test_cfg(with_vtrace: bool):
                      max_policy_lag=100, gamma=0.9, gae_lambda=0.8, vtrace_rho=1.0, vtrace_c=1.0)
 
 
+def run_estimator_case(with_vtrace: bool, seed: int, monkeypatch):
+    """One literal-formula case: the cfg, a hand-built batch of 3 trajectories of 6 steps, the learner's
+    values, what appo_loss made of them (targets, advantages), and the rewards and discounts (float64)."""
+    cfg = literal_test_cfg(with_vtrace=with_vtrace)
+    steps, batch_size = 6, 3
+    batch = estimator_batch(steps, batch_size, seed=seed)
+    learner_values = torch.randn(steps + 1, batch_size, generator=torch.Generator().manual_seed(seed + 1))
+    targets, advantages = targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
+    rewards, discounts = batch["reward"][:-1].double().numpy(), cfg.gamma * (1 - batch["done"][:-1].double().numpy())
+    return cfg, batch, learner_values, targets, advantages, rewards, discounts
+
+
 def test_gae_through_appo_loss_bootstraps_from_the_learners_value_of_the_last_observation(monkeypatch):
     """--no-with_vtrace: GAE over the behaviour values, bootstrapped at step T with the learner's own
     V(x_T) (as Sample Factory does), since no policy worker ever evaluates step T."""
-    cfg = literal_test_cfg(with_vtrace=False)
-    steps, batch_size = 6, 3
-    batch = estimator_batch(steps, batch_size, seed=1)
-    learner_values = torch.randn(steps + 1, batch_size, generator=torch.Generator().manual_seed(2))
-    targets, advantages = targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
-    rewards, discounts = batch["reward"][:-1].double().numpy(), cfg.gamma * (1 - batch["done"][:-1].double().numpy())
-    for column in range(batch_size):
+    cfg, batch, learner_values, targets, advantages, rewards, discounts = run_estimator_case(False, 1, monkeypatch)
+    for column in range(rewards.shape[1]):
         expected_targets, expected_advantages = gae_literal(
             rewards[:, column], discounts[:, column], batch["value"][:-1, column].double().numpy(),
             float(learner_values[-1, column]), cfg.gae_lambda)
@@ -211,16 +218,11 @@ def test_gae_through_appo_loss_bootstraps_from_the_learners_value_of_the_last_ob
 def test_vtrace_through_appo_loss_matches_the_literal_formula(monkeypatch):
     """Default V-trace: IMPALA's targets v_s on the learner's values, and the policy advantage
     r_s + gamma_s v_{s+1} - V(x_s) (the PPO ratio stands in for IMPALA's rho_s factor)."""
-    cfg = literal_test_cfg(with_vtrace=True)
-    steps, batch_size = 6, 3
-    batch = estimator_batch(steps, batch_size, seed=3)
-    learner_values = torch.randn(steps + 1, batch_size, generator=torch.Generator().manual_seed(4))
-    targets, advantages = targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
-    rewards, discounts = batch["reward"][:-1].double().numpy(), cfg.gamma * (1 - batch["done"][:-1].double().numpy())
+    cfg, batch, learner_values, targets, advantages, rewards, discounts = run_estimator_case(True, 3, monkeypatch)
     log_rhos = (np.log(0.5) - batch["log_prob"][:-1]).double().numpy()
     assert (log_rhos > 0).any() and (log_rhos < 0).any()  # rho_bar = 1 clips some ratios and not others
     values = learner_values.double().numpy()
-    for column in range(batch_size):
+    for column in range(rewards.shape[1]):
         expected_targets, _ = vtrace_literal(log_rhos[:, column], discounts[:, column], rewards[:, column],
                                              values[:-1, column], values[-1, column], cfg.vtrace_rho, cfg.vtrace_c)
         next_targets = np.append(expected_targets[1:], values[-1, column])
