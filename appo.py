@@ -29,6 +29,7 @@ import queue
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -50,8 +51,53 @@ import env as envs
 # Flags
 # =============================================================================================
 
+HELP_HINT = "Run python appo.py --help for every flag, its values and its default."
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse, but a mistake ends in two lines (the mistake, where to read more) instead of the
+    whole usage block, and only a flag's full name is accepted: with prefix matching, a typo of a
+    future flag (--encoder resnet before --encoder existed) silently set an old one (--encoder_dtype)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n{HELP_HINT}\n")
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """`--flag -1e-4` -> `--flag=-1e-4`: argparse reads a token that starts with '-' and is not a
+    plain integer or decimal as a flag, so scientific notation and some negative numbers were
+    "expected one argument" instead of a value (and the range check that names the flag)."""
+    joined = []
+    for token in argv:
+        previous = joined[-1] if joined else ""
+        if previous.startswith("--") and "=" not in previous and token.startswith("-") and _is_number(token):
+            joined[-1] = f"{previous}={token}"
+        else:
+            joined.append(token)
+    return joined
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def integer(text: str) -> int:
+    """An int flag that also takes 1e6 or 2.5e9: frame budgets are written that way."""
+    value = float(text)
+    if not value.is_integer():
+        raise ValueError(text)
+    return int(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         description="Asynchronous PPO with V-trace (Sample Factory's APPO) on one machine.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -65,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="experiment name; results go to train_dir/experiment (default: the env name)")
     general.add_argument("--train_dir", default="train_dir", help="folder that holds all experiments")
     general.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    general.add_argument("--train_for_env_steps", type=int, default=10_000_000_000,
+    general.add_argument("--train_for_env_steps", type=integer, default=10_000_000_000,
                          help="stop after this many env frames (frameskip included)")
     general.add_argument("--train_for_seconds", type=float, default=1e10,
                          help="stop after this many seconds of training")
@@ -109,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                        help="precision of the encoder (convs and the FC after them), which is most of the compute; "
                             "the RNN, heads, losses and the weights themselves stay float32. auto: bfloat16 where "
-                            "the hardware computes it natively (CPUs with AVX512-BF16 or AMX, GPUs with bf16), "
-                            "float32 elsewhere")
+                            "the hardware computes it natively (CPUs whose flags list avx512_bf16 or amx_bf16, "
+                            "GPUs from Ampere on), float32 elsewhere, emulated bf16 included")
 
     algo = parser.add_argument_group("algorithm")
     algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)")
@@ -168,8 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--remap_policies_every", type=int, default=5,
                         help="with several policies: each env's agents are handed to new random policies "
                              "after this many of its episodes (self-play meets every pairing)")
-    system.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where the learner and policy workers run")
+    system.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where the learner and policy workers run; auto: cuda when torch sees a GPU, "
+                             "otherwise cpu (rollout workers always run on the CPU)")
     system.add_argument("--learner_threads", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 2)),
                         help="torch threads of the learner (default: half the CPU cores, 1 to 4). More threads "
                              "than cores left free by the workers waste time waiting for each other: on 2 cores "
@@ -198,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     pbt.add_argument("--with_pbt", action="store_true",
                      help="rank the policies by their true objective every --pbt_period_env_steps; mutate "
                           "the hyperparameters of the weaker ones and replace the weakest with copies of the best")
-    pbt.add_argument("--pbt_period_env_steps", type=int, default=5_000_000,
+    pbt.add_argument("--pbt_period_env_steps", type=integer, default=5_000_000,
                      help="env frames every policy trains on between two PBT rounds")
     pbt.add_argument("--pbt_mutation_rate", type=float, default=0.15,
                      help="chance that each hyperparameter of a policy outside the best ones mutates")
@@ -227,9 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parses flags; the env's own defaults (frameskip, gamma, ...) apply unless given."""
     parser = build_parser()
+    argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
     known, _ = parser.parse_known_args(argv)
     parser.set_defaults(**envs.env_defaults(known.env))
     cfg = parser.parse_args(argv)
+    if cfg.device == "auto":
+        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.env_frameskip is None:
         cfg.env_frameskip = 1
     if cfg.experiment is None:
@@ -245,10 +295,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def native_bfloat16(device: str) -> bool:
-    """Does this hardware multiply bfloat16 natively? Emulated bf16 would be slower than float32."""
+    """Does this hardware multiply bfloat16 natively? Emulated bf16 (AVX-512 CPUs without its BF16
+    extension, GPUs before Ampere) is slower than float32, so `auto` must not pick it there."""
     if device.startswith("cuda"):
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.backends.mkldnn.is_available() and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere: float32 is the safe guess)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
 
 
 def config_errors(cfg: argparse.Namespace) -> list[str]:
@@ -259,19 +319,27 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
         errors.append(env_problem)
     for flag in ["max_num_episodes", "video_frames", "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
                  "policy_workers_per_policy", "remap_policies_every", "rollout", "batch_size", "num_epochs",
-                 "num_batches_per_epoch", "hidden_size",
+                 "num_batches_per_epoch", "hidden_size", "max_policy_lag",
                  "env_frameskip", "train_for_env_steps", "keep_checkpoints", "learner_threads",
                  "policy_worker_threads"]:
         if getattr(cfg, flag) <= 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
     for flag in ["learning_rate", "save_every_sec", "report_every_sec", "train_for_seconds",
-                 "ppo_clip_ratio", "adam_eps", "env_step_timeout", "distributed_timeout"]:
+                 "ppo_clip_ratio", "ppo_clip_value", "adam_eps", "max_grad_norm", "vtrace_rho", "vtrace_c",
+                 "env_step_timeout", "distributed_timeout"]:
         if not getattr(cfg, flag) > 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
-    if cfg.policy_index < 0:
-        errors.append(f"--policy_index must be 0 or more, got {cfg.policy_index}")
-    if cfg.max_restarts < 0:
-        errors.append(f"--max_restarts must be 0 or more, got {cfg.max_restarts}")
+    for flag in ["policy_index", "max_restarts", "value_loss_coeff", "exploration_loss_coeff", "seed"]:
+        if getattr(cfg, flag) is not None and not getattr(cfg, flag) >= 0:
+            errors.append(f"--{flag} must be 0 or more, got {getattr(cfg, flag)}")
+    if not 0 <= cfg.gae_lambda <= 1:
+        errors.append(f"--gae_lambda must be in [0, 1], got {cfg.gae_lambda}")
+    for flag in ["adam_beta1", "adam_beta2"]:
+        if not 0 <= getattr(cfg, flag) < 1:
+            errors.append(f"--{flag} must be in [0, 1), got {getattr(cfg, flag)}")
+    if cfg.doom_scenarios_dir is not None and not os.path.isdir(cfg.doom_scenarios_dir):
+        errors.append(f"--doom_scenarios_dir {cfg.doom_scenarios_dir} is not a folder: give the folder that holds "
+                      "the scenario .cfg and .wad files")
     if cfg.doom_match_minutes is not None and not cfg.doom_match_minutes > 0:
         errors.append(f"--doom_match_minutes must be positive, got {cfg.doom_match_minutes}")
     if not 0 < cfg.gamma <= 1:
@@ -296,6 +364,13 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                       "pick a divisor, or change --batch_size")
     if not 0 <= cfg.past_opponents_fraction <= 1:
         errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
+    elif cfg.past_opponents_fraction > 0 and envs.num_agents_of(cfg.env) == 1:
+        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
+    if cfg.mode == "train":
+        eval_flags = {"checkpoint": cfg.checkpoint is not None, "save_video": cfg.save_video,
+                      "video_path": cfg.video_path is not None, "eval_deterministic": cfg.eval_deterministic}
+        errors += [f"--{flag} is for --mode eval (training resumes from the experiment's latest checkpoint)"
+                   for flag, given in eval_flags.items() if given]
     if cfg.with_pbt and cfg.num_policies < 2:
         errors.append(f"--with_pbt needs a population: use --num_policies 2 or more (got {cfg.num_policies})")
     if cfg.with_pbt and not (0 <= cfg.pbt_mutation_rate <= 1 and cfg.pbt_mutation_factor > 1
@@ -1009,6 +1084,38 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
     torch.set_num_threads(threads)
 
 
+def engine_log_path(cfg, owner: str) -> str:
+    """Where the engines of `owner`'s envs write (one file per rollout worker, and the runner's probe)."""
+    return os.path.join(experiment_dir(cfg), "engine_logs", f"{owner}.log")
+
+
+@contextlib.contextmanager
+def engine_output_to(path: str):
+    """Inside this block, file descriptors 1 and 2 (where engines write from C++ and from the
+    processes they start: ViZDoom's console and multiplayer handshake, ALE's banner, DMLab) append
+    to `path`, while Python's own prints (the trainer's lines, tracebacks) still reach the terminal.
+    A doom_duel run otherwise buries its status lines under about 20 lines of chatter a second."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    python_streams = sys.stdout, sys.stderr
+    terminal_fds = os.dup(1), os.dup(2)
+    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False) for fd in terminal_fds)
+    try:
+        yield
+    finally:
+        sys.stdout.close()  # flushes; closefd=False leaves the descriptor to os.close below
+        sys.stderr.close()
+        sys.stdout, sys.stderr = python_streams
+        for target, fd in zip((1, 2), terminal_fds):
+            os.dup2(fd, target)
+            os.close(fd)
+
+
 ROLLOUT_WORKER_NICENESS = 2  # enough for the scheduler to favour learner and policy workers
 
 
@@ -1094,7 +1201,8 @@ class RolloutWorker:
         """A failed env is closed and made again; its actors restart their slots from step 0, so the
         partial trajectories (and whatever the env returned before failing) never reach the learner."""
         print(f"warning: rollout worker {self.worker_id}: env {env_id} failed ({type(error).__name__}: "
-              f"{error}); recreating it", flush=True)
+              f"{error}); recreating it; its engine's output is in "
+              f"{engine_log_path(self.cfg, f'rollout_worker_{self.worker_id}')}", flush=True)
         self.shared.stats_queue.put({"type": "env_fault", "worker": self.worker_id})
         try:
             self.envs[env_id].close()
@@ -1300,14 +1408,15 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
     if cfg.set_workers_cpu_affinity:
         pin_rollout_worker(worker_id)
     worker = None
-    try:
-        worker = RolloutWorker(worker_id, process_index, cfg, shared)
-        worker.run()
-    except appo_ipc.Closed:
-        pass
-    finally:
-        if worker is not None:
-            worker.close()
+    with engine_output_to(engine_log_path(cfg, f"rollout_worker_{worker_id}")):
+        try:
+            worker = RolloutWorker(worker_id, process_index, cfg, shared)
+            worker.run()
+        except appo_ipc.Closed:
+            pass
+        finally:
+            if worker is not None:
+                worker.close()
 
 
 # =============================================================================================
@@ -1933,7 +2042,9 @@ class Supervisor:
             if len(self.recent_restarts) > self.cfg.max_restarts:
                 return (f"{child.name} {problem}: more than --max_restarts {self.cfg.max_restarts} restarts in "
                         f"{self.RESTART_WINDOW_S / 60:.0f} minutes, giving up (see the warnings above for causes)")
-            print(f"warning: {child.name} {problem}; restarting it", flush=True)
+            engine_log = (f"; its envs' engine output is in {engine_log_path(self.cfg, f'rollout_worker_{child.worker_id}')}"
+                          if child.kind == "rollout worker" else "")
+            print(f"warning: {child.name} {problem}; restarting it{engine_log}", flush=True)
             self.restart(child)
         return None
 
@@ -1958,12 +2069,13 @@ class EnvProbe:
 
 
 def probe_env(cfg) -> EnvProbe:
-    probe = envs.create_env(cfg.env, cfg, env_index=0)  # ENV HOOK
-    try:
-        return EnvProbe((probe.observation_space, probe.action_space), envs.get_num_agents(probe),
-                        envs.reward_shaping_weights(probe))
-    finally:
-        probe.close()
+    with engine_output_to(engine_log_path(cfg, "probe")):
+        probe = envs.create_env(cfg.env, cfg, env_index=0)  # ENV HOOK
+        try:
+            return EnvProbe((probe.observation_space, probe.action_space), envs.get_num_agents(probe),
+                            envs.reward_shaping_weights(probe))
+        finally:
+            probe.close()
 
 
 def num_processes(cfg) -> int:
@@ -2244,6 +2356,25 @@ MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "doom_game_variables", "nor
 IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
 
 
+def experiment_dir_error(cfg) -> str | None:
+    """Can this run write its folder? Found out by making it, and a file in it, before anything
+    starts: a --train_dir under a read-only mount or /proc, or through a regular file, otherwise
+    failed later as a traceback."""
+    name = cfg.experiment
+    if name in ("", ".", "..") or "/" in name or (os.altsep and os.altsep in name):
+        return (f"--experiment {name!r} is not a plain name: it names one folder inside --train_dir, "
+                "so no '/' and not '.' or '..'")
+    path = experiment_dir(cfg)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        return (f"--train_dir {cfg.train_dir}: cannot write the experiment folder {path} "
+                f"({error.strerror or error}); give a folder you can write")
+    return None
+
+
 def saved_config_errors(cfg) -> list[str]:
     path = os.path.join(experiment_dir(cfg), "config.json")
     if not os.path.exists(path):
@@ -2263,6 +2394,14 @@ def save_config(cfg):
     os.replace(path + ".tmp", path)
 
 
+def start_line(cfg) -> str:
+    """A run's first line: what runs where, how to follow it, how to stop and resume it."""
+    folder = experiment_dir(cfg)
+    ranks = f" (rank {cfg.rank} of {cfg.world_size})" if cfg.world_size > 1 else ""
+    return (f"training {cfg.env} on {cfg.device} with {num_processes(cfg)} processes{ranks} in {folder}; "
+            f"follow it with tensorboard --logdir {folder}; Ctrl-C saves and stops, the same command resumes")
+
+
 class StopRequested(Exception):
     pass
 
@@ -2270,10 +2409,15 @@ class StopRequested(Exception):
 def train(cfg) -> int:
     """Runs a whole training; returns the process exit code."""
     torch.manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**31))
-    probe = probe_env(cfg)
-    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
-        print(f"error: --past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent",
-              file=sys.stderr)
+    print(start_line(cfg), flush=True)
+    try:
+        probe = probe_env(cfg)
+    except Exception as error:  # the env itself is broken: no worker would do better
+        print(f"error: {cfg.env} failed to start ({type(error).__name__}: {error}); its engine's output is in "
+              f"{engine_log_path(cfg, 'probe')}", file=sys.stderr)
+        return 1
+    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:  # a registered env: only the probe tells
+        print_errors([f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent"])
         return 2
     spaces_pair = probe.spaces
     model = ActorCritic(*spaces_pair, cfg)
@@ -2294,8 +2438,6 @@ def train(cfg) -> int:
     supervisor = Supervisor(cfg, shared, children, multiprocessing.get_context("spawn"))
     supervisor.start_all()
     start = last_report = time.monotonic()
-    ranks = f" (rank {cfg.rank} of {cfg.world_size})" if cfg.world_size > 1 else ""
-    print(f"training {cfg.env} in {experiment_dir(cfg)} with {len(children)} processes{ranks}", flush=True)
     try:
         while True:
             time.sleep(0.1)
@@ -2501,17 +2643,34 @@ def game_score(env) -> float:
         return float("nan")
 
 
+def flag_errors(cfg) -> list[str]:
+    """Every mistake in the flags, in the order a user can fix them; the run's folder is made
+    (and tested) only when the flags are right."""
+    errors = config_errors(cfg)
+    if errors or cfg.mode != "train":
+        return errors
+    errors = saved_config_errors(cfg)
+    folder_error = None if errors else experiment_dir_error(cfg)
+    return errors + ([folder_error] if folder_error else [])
+
+
+def print_errors(errors: list[str], most: int = 3):
+    for error in errors[:most]:
+        print(f"error: {error}", file=sys.stderr)
+    more = f"({len(errors) - most} more errors after these.) " if len(errors) > most else ""
+    print(f"{more}{HELP_HINT}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    errors = config_errors(cfg) or (saved_config_errors(cfg) if cfg.mode == "train" else [])
+    errors = flag_errors(cfg)
     if errors:
-        for error in errors:
-            print(f"error: {error}", file=sys.stderr)
+        print_errors(errors)
         return 2
     try:
         return evaluate(cfg) if cfg.mode == "eval" else train(cfg)
     except CheckpointError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print_errors([str(error)])
         return 2
 
 

@@ -136,6 +136,13 @@ def env_error(name: str, cfg=None) -> str | None:
     return None if problem is None else problem[1]
 
 
+def num_agents_of(name: str) -> int | None:
+    """Learning agents per env of `name`, known without making one; None for a registered env."""
+    if name in _REGISTERED_ENVS:
+        return None
+    return DOOM_MATCHES[name].num_agents if name in DOOM_MATCHES else 1
+
+
 def game_fps(name: str) -> float:
     """Frames per second of the game itself (videos play at game speed: this / frameskip)."""
     if name.startswith("doom_"):
@@ -568,19 +575,21 @@ def _doom_scenario_file(filename: str, scenarios_dir: str | None) -> str:
 
 
 def _missing_scenario_files(name: str, scenario: DoomScenario, scenarios_dir: str | None):
-    """Battle and Battle2 come only from --doom_scenarios_dir: the first file missing there, or None."""
-    if scenario.unpackaged_wad is None:
+    """The first scenario file that `name` needs and cannot find, or None. Battle and Battle2 come
+    only from --doom_scenarios_dir; the others from there when it is given, else from the package."""
+    needed = (scenario.cfg_file,) + ((scenario.unpackaged_wad,) if scenario.unpackaged_wad else ())
+    if scenarios_dir is None and scenario.unpackaged_wad is None:
         return None
-    for filename in (scenario.cfg_file, scenario.unpackaged_wad):
+    for filename in needed:
         if scenarios_dir is None:
             return FileNotFoundError, (
                 f"--env {name} needs {filename}, which the vizdoom package does not ship: put "
-                f"{scenario.cfg_file} and {scenario.unpackaged_wad} in a folder and pass --doom_scenarios_dir FOLDER"
+                f"{' and '.join(needed)} in a folder and pass --doom_scenarios_dir FOLDER"
             )
         if not os.path.isfile(os.path.join(scenarios_dir, filename)):
             return FileNotFoundError, (
                 f"--env {name} needs {filename}, not found in --doom_scenarios_dir {scenarios_dir}: "
-                f"put {scenario.cfg_file} and {scenario.unpackaged_wad} there"
+                f"put {' and '.join(needed)} there"
             )
     return None
 

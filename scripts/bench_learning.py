@@ -132,6 +132,11 @@ def config_key(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def same_but_code(saved: dict, config: dict) -> bool:
+    """Was `saved` run with `config`, except perhaps at another version of appo.py's code?"""
+    return {**saved["config"], "code": None} == {**config, "code": None}
+
+
 def result_path(args, trainer: str, env_name: str, seed: int) -> str:
     return os.path.join(args.results_dir, env_name, f"{trainer}_seed{seed}.json")
 
@@ -462,7 +467,9 @@ def format_table(rows: list[dict]) -> str:
                   *[f"- {s}" for s in shared]]
     codes = sorted({c for row in rows for c in row["appo"]["code"]})
     commits = sorted({c[:7] for row in rows for c in row["appo"]["commit"]})
-    lines += ["", f"appo.py code (hash of appo.py, env.py, csrc/): {', '.join(codes) or '-'}; "
+    current = appo_code_hash()
+    stale = f" (this checkout's code is {current}: the runs are of an earlier version)" if set(codes) - {current} else ""
+    lines += ["", f"appo.py code (hash of appo.py, env.py, csrc/): {', '.join(codes) or '-'}{stale}; "
                   f"HEAD during its runs: {', '.join(commits) or '-'}"]
     return "\n".join(lines)
 
@@ -529,7 +536,9 @@ def parse_args(argv=None):
     parser.add_argument("--stall_seconds", type=float, default=300.0,
                         help="a run that prints nothing for this long is hung: killed, counted as a failure")
     parser.add_argument("--max_hours", type=float, default=4.0, help="a run still going after this long is hung")
-    parser.add_argument("--report_only", action="store_true", help="run nothing: the table and plots from saved results")
+    parser.add_argument("--report_only", action="store_true",
+                        help="run nothing: the table and plots from saved results, including appo.py runs of "
+                             "another version of its code (the table's last line names the versions)")
     parser.add_argument("--json", action="store_true", help="print the table's figures as JSON")
     args = parser.parse_args(argv)
     args.envs = [name for name in args.envs.split(",") if name]
@@ -571,7 +580,9 @@ def main(argv=None):
                 config = run_config(args, trainer, env_name, seed)
                 path = result_path(args, trainer, env_name, seed)
                 saved = load_result(path)
-                if saved is not None and saved.get("key") == config_key(config) and saved["status"] == "ok":
+                if saved is not None and saved["status"] == "ok" and (
+                        saved.get("key") == config_key(config)
+                        or args.report_only and same_but_code(saved, config)):  # the footnote names its code
                     results[trainer].append(saved)
                     continue
                 if args.report_only or trainer not in args.trainers:

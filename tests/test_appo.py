@@ -402,10 +402,29 @@ def test_policy_workers_bfloat16_weights_act_exactly_as_autocast_does():
             assert torch.equal(expected, actual)
 
 
-def test_encoder_dtype_auto_picks_bfloat16_only_where_the_hardware_has_it():
-    auto = appo.parse_args(["--env", "doom_basic"]).encoder_dtype
-    assert auto == ("bfloat16" if appo.native_bfloat16("cpu") else "float32")
+def test_encoder_dtype_auto_picks_bfloat16_only_where_the_hardware_computes_it_natively(monkeypatch):
+    def auto_on(device="cpu"):
+        return appo.parse_args(["--env", "doom_basic", "--device", device]).encoder_dtype
+
+    monkeypatch.setattr(appo, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_vnni"})  # AVX-512, bf16 emulated
+    assert auto_on() == "float32"
+    monkeypatch.setattr(appo, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert auto_on() == "bfloat16"
+    monkeypatch.setattr(appo, "cpu_flags", lambda: {"amx_bf16", "amx_tile"})
+    assert auto_on() == "bfloat16"
+    monkeypatch.setattr(appo, "cpu_flags", set)  # not Linux, or an old CPU
+    assert auto_on() == "float32"
     assert appo.parse_args(["--env", "doom_basic", "--encoder_dtype", "float32"]).encoder_dtype == "float32"
+    # GPUs: only where bf16 is native (Ampere and later), not where torch would emulate it
+    monkeypatch.setattr(appo.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(appo.torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert auto_on("cuda") == "float32"
+    monkeypatch.setattr(appo.torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert auto_on("cuda") == "bfloat16"
+
+
+def test_this_machines_cpu_flags_are_read():
+    assert "fpu" in appo.cpu_flags() or not os.path.exists("/proc/cpuinfo")
 
 
 def test_action_heads_sample_valid_actions_and_score_them():

@@ -66,6 +66,24 @@ def test_any_change_to_the_trainer_or_the_flags_changes_the_saved_configurations
     assert key != bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
 
 
+def test_the_report_shows_runs_of_earlier_code_and_says_so(monkeypatch, tmp_path, capsys):
+    """A suite takes longer than the code stays still: --report_only keeps reporting runs made at
+    another version of appo.py, and names that version; a run with other flags is never reported."""
+    monkeypatch.setattr(bench, "appo_code_hash", lambda: "earlier")
+    args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo", "--results_dir", str(tmp_path)])
+    saved = {"key": bench.config_key(bench.run_config(args, "appo", "doom_basic", 1)), "status": "ok",
+             "config": bench.run_config(args, "appo", "doom_basic", 1), "commit": "abc1234", "wall_s": 60.0,
+             "curve": [[60.0, 500_000.0, 70.0]], "other_cpu_share": 0.0}
+    bench.save_json(bench.result_path(args, "appo", "doom_basic", 1), saved)
+    monkeypatch.setattr(bench, "appo_code_hash", lambda: "now")
+    assert not bench.same_but_code({**saved, "config": {**saved["config"], "extra_flags": ["--rollout=16"]}},
+                                   bench.run_config(args, "appo", "doom_basic", 1))
+    bench.main(["--envs", "doom_basic", "--results_dir", str(tmp_path), "--report_only"])
+    table = capsys.readouterr().out
+    assert "| doom_basic | 0.5M | 70.00 (1) |" in table
+    assert "earlier (this checkout's code is now: the runs are of an earlier version)" in table
+
+
 def test_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--envs", "dmlab_30", "--trainers", "appo"])

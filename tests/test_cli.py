@@ -1,0 +1,133 @@
+"""First contact: what a user sees on the command line. Bad flags end in a short error that names
+the flag, before anything starts; a run's terminal shows the trainer's own lines only."""
+import glob
+import os
+import re
+import subprocess
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import appo
+from conftest import processes_still_tagged
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (flags, what the error must contain: the flag's name, and where it helps, the value or the rule)
+BAD_INVOCATIONS = [
+    (["--device", "tpu"], "--device"),
+    (["--rnn_type", "transformer"], "--rnn_type"),
+    (["--exploration_loss", "kl"], "--exploration_loss"),
+    (["--mode", "play"], "--mode"),
+    (["--learning_rate", "abc"], "--learning_rate"),
+    (["--num_workers", "2.5"], "--num_workers"),
+    (["--train_for_env_steps", "1.5"], "--train_for_env_steps"),
+    (["--no_such_flag", "1"], "--no_such_flag"),
+    (["--encoder_d", "float32"], "--encoder_d"),  # a prefix of --encoder_dtype: not accepted
+    (["--learning_rate"], "--learning_rate"),
+    (["--learning_rate", "-1e-4"], "--learning_rate must be positive"),  # a value, not a flag
+    (["--gamma", "1.5"], "--gamma must be in (0, 1]"),
+    (["--gae_lambda", "-0.5"], "--gae_lambda must be in [0, 1]"),
+    (["--adam_beta2", "1"], "--adam_beta2 must be in [0, 1)"),
+    (["--num_workers", "0"], "--num_workers must be positive"),
+    (["--hidden_size", "-8"], "--hidden_size must be positive"),
+    (["--max_grad_norm", "0"], "--max_grad_norm must be positive"),
+    (["--ppo_clip_value", "-1"], "--ppo_clip_value must be positive"),
+    (["--exploration_loss_coeff", "-0.01"], "--exploration_loss_coeff must be 0 or more"),
+    (["--seed", "-3"], "--seed must be 0 or more"),
+    (["--batch_size", "100", "--rollout", "32"], "--batch_size 100 is not a multiple of --rollout 32"),
+    (["--rollout", "64", "--batch_size", "32"], "--rollout 64 is larger than --batch_size 32"),
+    (["--num_envs_per_worker", "3", "--worker_num_splits", "2"], "--num_envs_per_worker 3 is not divisible"),
+    (["--batch_size", "1024", "--num_batches_per_epoch", "3"], "--num_batches_per_epoch 3"),
+    (["--with_pbt"], "--with_pbt needs a population"),
+    (["--env", "doom_nope"], "--env"),
+    (["--env", "atari_nope"], "--env atari_nope"),
+    (["--doom_scenarios_dir", "/no/such/folder"], "--doom_scenarios_dir"),
+    (["--experiment", "../elsewhere"], "--experiment"),
+    (["--experiment", "a/b"], "--experiment"),
+    (["--train_dir", "/proc/appo_runs"], "--train_dir"),
+    (["--train_dir", "/sys/appo_runs"], "--train_dir"),  # a read-only mount
+    (["--train_dir", "{a_file}/runs"], "--train_dir"),    # a path through a regular file
+    (["--train_dir", "{a_file}"], "--train_dir"),         # a regular file
+    (["--past_opponents_fraction", "0.5"], "--past_opponents_fraction needs a multi-agent env"),
+    (["--checkpoint", "x.pth"], "--checkpoint is for --mode eval"),
+    (["--save_video"], "--save_video is for --mode eval"),
+    (["--mode", "eval"], "--checkpoint"),                 # nothing trained yet
+    (["--mode", "eval", "--checkpoint", "/no/such.pth"], "--checkpoint"),
+]
+
+
+def run_appo_cli(flags: list[str], cwd, tag: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), *flags], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env=dict(os.environ, APPO_TEST_TAG=tag))
+
+
+def test_every_bad_invocation_is_a_short_error_naming_the_flag_and_starts_nothing(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    train_dir = tmp_path / "runs"
+    tag = uuid.uuid4().hex
+    invocations = [[flag.format(a_file=a_file) for flag in flags] for flags, _ in BAD_INVOCATIONS]
+    invocations = [flags if "--train_dir" in flags else flags + ["--train_dir", str(train_dir)]
+                   for flags in invocations]
+    with ThreadPoolExecutor(4) as pool:  # each one is a fresh interpreter importing torch: a few seconds
+        results = list(pool.map(lambda flags: run_appo_cli(flags, tmp_path, tag), invocations))
+    for flags, (_, expected), result in zip(invocations, BAD_INVOCATIONS, results):
+        output = result.stdout + result.stderr
+        assert result.returncode == 2, (flags, output)
+        assert "Traceback" not in output, (flags, output)
+        assert len(output.strip().splitlines()) <= 5, (flags, output)
+        assert expected in output, (flags, output)
+        assert "--help" in output, (flags, output)  # and where to read the rest
+    assert not train_dir.exists()  # nothing written
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]  # not even in the working folder
+    assert processes_still_tagged(tag) == []  # nothing spawned, or nothing left
+
+
+def test_frame_counts_take_scientific_notation_and_negative_numbers_are_values():
+    cfg = appo.parse_args(["--train_for_env_steps", "2.5e6", "--gamma", "9.9e-1", "--adam_beta1", "-0.5"])
+    assert cfg.train_for_env_steps == 2_500_000 and cfg.gamma == 0.99 and cfg.adam_beta1 == -0.5
+    assert "--adam_beta1 must be in [0, 1)" in " ".join(appo.config_errors(cfg))
+
+
+def test_device_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
+    assert appo.build_parser().get_default("device") == "auto"
+    monkeypatch.setattr(appo.torch.cuda, "is_available", lambda: False)
+    assert appo.parse_args([]).device == "cpu"
+    monkeypatch.setattr(appo.torch.cuda, "is_available", lambda: True)
+    assert appo.parse_args([]).device == "cuda"
+    assert appo.parse_args(["--device", "cpu"]).device == "cpu"  # an explicit choice stands
+
+
+# The lines a training run prints itself: its first line, status lines, and its warnings and errors.
+TRAINER_LINE = re.compile(r"^(training \S+ on \S+ with \d+ processes in .*; follow it with tensorboard --logdir .*"
+                          r"|\[ *\d+s\] frames .*|(warning|error): .*|stop requested: .*)$")
+
+
+@pytest.mark.slow
+def test_a_doom_duel_run_shows_only_the_trainers_lines_and_logs_the_engines(tmp_path):
+    tag = uuid.uuid4().hex
+    result = run_appo_cli(["--env", "doom_duel", "--num_workers", "1", "--num_envs_per_worker", "2",
+                           "--rollout", "16", "--batch_size", "128", "--hidden_size", "64",
+                           "--doom_match_minutes", "0.1", "--train_for_seconds", "25", "--report_every_sec", "5",
+                           "--train_dir", str(tmp_path), "--experiment", "duel"], tmp_path, tag)
+    lines = (result.stdout + result.stderr).splitlines()
+    assert result.returncode == 0, "\n".join(lines[-20:])
+    assert lines[0].startswith(f"training doom_duel on cpu with 4 processes in {tmp_path / 'duel'}")
+    assert [line for line in lines if not TRAINER_LINE.match(line)] == []
+    assert sum(line.startswith("[") for line in lines) >= 2
+    # the engines' chatter went to the experiment's logs instead (ViZDoom's multiplayer handshake)
+    engine_output = "".join(open(path).read() for path in glob.glob(str(tmp_path / "duel" / "engine_logs" / "*.log")))
+    assert "player" in engine_output.lower(), engine_output[:500]
+    assert processes_still_tagged(tag) == []
+
+
+def test_an_env_that_fails_to_start_names_its_engine_log(tmp_path, capsys):
+    (tmp_path / "basic.cfg").write_text("doom_scenario_path = no_such.wad\n")  # the flags are right, the env is not
+    flags = ["--env", "doom_basic", "--doom_scenarios_dir", str(tmp_path), "--train_dir", str(tmp_path / "runs")]
+    assert appo.main(flags) == 1
+    err = capsys.readouterr().err
+    assert "doom_basic failed to start" in err and "no_such.wad" in err
+    assert appo.engine_log_path(appo.parse_args(flags), "probe") in err
