@@ -148,15 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="recurrent core; 'none' for a feed-forward policy")
     model.add_argument("--encoder", choices=list(CONV_ENCODERS), default="convnet_simple",
                        help="conv net for image observations: convnet_simple, the Sample Factory paper's "
-                            "(32/64/128 channels, ELU), or convnet_atari, the DQN paper's Nature CNN "
-                            "(32/64/64 channels, ReLU, as in Sample Factory's and CleanRL's Atari configs)")
+                            "(32/64/128 channels, ELU); convnet_atari, the DQN paper's Nature CNN "
+                            "(32/64/64 channels, ReLU, as in Sample Factory's and CleanRL's Atari configs); or "
+                            "resnet, the IMPALA paper's deep encoder (3 stages of conv, max-pool and 2 residual "
+                            "blocks, 16/32/32 channels, ReLU), the paper's choice for DMLab")
     model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=False,
                        help="normalise each observation element by its running mean and std")
     model.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                        help="precision of the encoder (convs and the FC after them), which is most of the compute; "
                             "the RNN, heads, losses and the weights themselves stay float32. auto: bfloat16 where "
                             "the hardware computes it natively (CPUs whose flags list avx512_bf16 or amx_bf16, "
-                            "GPUs from Ampere on), float32 elsewhere, emulated bf16 included")
+                            "GPUs from Ampere on), float32 elsewhere (where bf16 would only be emulated too)")
 
     algo = parser.add_argument_group("algorithm")
     algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)")
@@ -468,11 +470,47 @@ class RunningNormalizer(nn.Module):
         return x * torch.sqrt(self.var + 1e-5) + self.mean
 
 
-# Conv encoders for images: (out channels, kernel, stride) per layer and the nonlinearity used
-# everywhere in the model.
+def plain_convnet(layers: list[tuple[int, int, int]], activation: type[nn.Module]):
+    """A stack of convs, (out channels, kernel, stride) per layer, each followed by `activation`."""
+    def build(channels: int) -> nn.Sequential:
+        modules = []
+        for out_channels, kernel, stride in layers:
+            modules += [nn.Conv2d(channels, out_channels, kernel, stride=stride), activation()]
+            channels = out_channels
+        return nn.Sequential(*modules, nn.Flatten())
+    return build
+
+
+class ResidualBlock(nn.Module):
+    """relu -> conv 3x3 -> relu -> conv 3x3, added to the input (IMPALA's pre-activation block)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv2(F.relu(self.conv1(F.relu(x))))
+
+
+def impala_resnet(channels: int) -> nn.Sequential:
+    """The IMPALA paper's "deep" encoder (Espeholt et al. 2018, fig. 3), which the Sample Factory
+    paper used for DMLab-30: three stages of conv 3x3, max-pool 3x3 stride 2 and two residual
+    blocks, with 16, 32 and 32 channels, then a ReLU. Each stage halves the image's height and width."""
+    modules = []
+    for out_channels in (16, 32, 32):
+        modules += [nn.Conv2d(channels, out_channels, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                    ResidualBlock(out_channels), ResidualBlock(out_channels)]
+        channels = out_channels
+    return nn.Sequential(*modules, nn.ReLU(), nn.Flatten())
+
+
+# Encoders for images: name -> (builder from the input's channels, the nonlinearity used in the
+# rest of the model: the vector MLP and the FC after the encoders).
 CONV_ENCODERS = {
-    "convnet_simple": ([(32, 8, 4), (64, 4, 2), (128, 3, 2)], nn.ELU),
-    "convnet_atari": ([(32, 8, 4), (64, 4, 2), (64, 3, 1)], nn.ReLU),
+    "convnet_simple": (plain_convnet([(32, 8, 4), (64, 4, 2), (128, 3, 2)], nn.ELU), nn.ELU),
+    "convnet_atari": (plain_convnet([(32, 8, 4), (64, 4, 2), (64, 3, 1)], nn.ReLU), nn.ReLU),
+    "resnet": (impala_resnet, nn.ReLU),
 }
 
 
@@ -490,14 +528,10 @@ class ActorCritic(nn.Module):
         self.head_sizes = action_head_sizes(action_space)
         self.encoders = nn.ModuleDict()
         features = 0
-        conv_layers, activation = CONV_ENCODERS[cfg.encoder]
+        image_encoder, activation = CONV_ENCODERS[cfg.encoder]
         for key, (shape, _) in obs_shapes(obs_space).items():
             if len(shape) == 3:
-                layers, channels = [], shape[0]
-                for out_channels, kernel, stride in conv_layers:
-                    layers += [nn.Conv2d(channels, out_channels, kernel, stride=stride), activation()]
-                    channels = out_channels
-                self.encoders[key] = nn.Sequential(*layers, nn.Flatten())
+                self.encoders[key] = image_encoder(shape[0])
                 with torch.no_grad():
                     features += self.encoders[key](torch.zeros(1, *shape)).shape[1]
             elif len(shape) == 1:

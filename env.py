@@ -104,6 +104,7 @@ FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
         "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
     },
+    "dmlab_": {"encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
 }
 # Per-env overrides on top of the family's: only where Sample Factory itself sets one for that env,
 # with a comment naming where. It sets none for the built-in single-player envs.

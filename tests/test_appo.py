@@ -296,6 +296,40 @@ def test_convnet_atari_is_the_nature_cnn_with_relu():
     assert any(isinstance(m, torch.nn.ReLU) for m in model.modules())
 
 
+def test_resnet_is_the_impala_deep_encoder():
+    cfg = small_cfg(encoder="resnet")
+    model = appo.ActorCritic(spaces.Box(0, 255, (3, 72, 128), np.uint8), spaces.Discrete(3), cfg)
+    encoder = model.encoders["obs"]
+    # per stage: conv c_in -> c (3x3), max-pool, 2 residual blocks of 2 convs c -> c (3x3); weights + biases
+    stages, expected_parameters, channels = [16, 32, 32], 0, 3
+    for c in stages:
+        expected_parameters += (channels * c * 9 + c) + 4 * (c * c * 9 + c)
+        channels = c
+    assert sum(p.numel() for p in encoder.parameters()) == expected_parameters == 97_600
+    assert [m.out_channels for m in encoder if isinstance(m, torch.nn.Conv2d)] == stages
+    assert sum(isinstance(m, appo.ResidualBlock) for m in encoder) == 6
+    assert model.fc[0].in_features == 32 * 9 * 16  # 72x128 halved three times (rounding up)
+    logits, values, _ = model({"obs": torch.randint(0, 256, (5, 3, 72, 128), dtype=torch.uint8)},
+                              torch.zeros(5, appo.rnn_state_size(cfg)))
+    assert logits.shape == (5, 3) and values.shape == (5,) and torch.isfinite(logits).all()
+
+
+def test_a_residual_block_adds_its_convs_to_its_input():
+    block = appo.ResidualBlock(4)
+    x = torch.randn(2, 4, 5, 5)
+    expected = x + block.conv2(torch.relu(block.conv1(torch.relu(x))))
+    torch.testing.assert_close(block(x), expected)
+    torch.nn.init.zeros_(block.conv2.weight)
+    torch.nn.init.zeros_(block.conv2.bias)
+    torch.testing.assert_close(block(x), x)  # the skip path alone
+
+
+def test_dmlab_takes_the_resnet_encoder_by_default():
+    import env as envs
+    assert envs.env_defaults("dmlab_30")["encoder"] == "resnet"
+    assert envs.env_defaults("doom_basic").get("encoder", "convnet_simple") == "convnet_simple"
+
+
 def test_num_batches_per_epoch_must_divide_the_trajectories_of_a_batch():
     cfg = small_cfg(num_batches_per_epoch=3)  # 24 / 6 = 4 trajectories
     assert any("--num_batches_per_epoch 3" in error for error in appo.config_errors(cfg))
