@@ -234,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "giving up (their first batches can take a while)")
     system.add_argument("--max_restarts", type=int, default=10,
                         help="worker restarts allowed within 10 minutes; one more stops the run")
+    system.add_argument("--serial_mode", action="store_true",
+                        help="for debugging: rollout workers, policy workers and learners run in this one process, "
+                             "in turn, with in-process queues (no child processes), so a debugger stops in any of "
+                             "them (python -m pdb appo.py --serial_mode ...), and with --seed two runs train alike")
     system.add_argument("--set_workers_cpu_affinity", action=argparse.BooleanOptionalAction, default=False,
                         help="pin each rollout worker to one core (round robin) and lower its priority, so "
                              "that learners and policy workers, which everyone waits on, run first")
@@ -379,6 +383,8 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                              and 0 < cfg.pbt_replace_fraction <= 0.5 and cfg.pbt_period_env_steps > 0):
         errors.append("PBT flags out of range: --pbt_mutation_rate in [0, 1], --pbt_mutation_factor above 1, "
                       "--pbt_replace_fraction in (0, 0.5], --pbt_period_env_steps positive")
+    if cfg.world_size > 1 and cfg.serial_mode:
+        errors.append("--serial_mode under torchrun: serial mode is one process on one machine; drop one of them")
     if cfg.world_size > 1 and cfg.num_policies != 1:
         errors.append(f"--num_policies {cfg.num_policies} under torchrun: multi-node training is for one policy; "
                       "use --num_policies 1")
@@ -1081,6 +1087,28 @@ class Shared:
     run: RunState
 
 
+class InProcessQueue:
+    """--serial_mode's queue: appo_ipc.Queue's calls on a deque, for producers and consumers that
+    all live in this process and take turns (so nothing ever waits)."""
+
+    def __init__(self):
+        self.messages: deque = deque()
+
+    def put(self, message, block: bool = True, timeout: float | None = None):
+        self.messages.append(message)
+
+    def put_many(self, messages, block: bool = True, timeout: float | None = None):
+        self.messages.extend(messages)
+
+    def get_many(self, max_messages: int = 1 << 30, block: bool = True, timeout: float | None = None) -> list:
+        if not self.messages:
+            raise queue.Empty
+        return [self.messages.popleft() for _ in range(min(max_messages, len(self.messages)))]
+
+    def close(self):
+        self.messages.clear()
+
+
 def past_policy_id(cfg) -> int | None:
     """With --past_opponents_fraction, past versions act as one more policy that no learner trains."""
     return cfg.num_policies if cfg.past_opponents_fraction > 0 else None
@@ -1457,45 +1485,61 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
 # Policy worker: batched inference for one policy; stateless (RNN states live in the slots)
 # =============================================================================================
 
-def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
-    child_process_setup("policy", cfg.policy_worker_threads)
-    parent = os.getppid()
-    device = torch.device(cfg.device)
-    model = ActorCritic(*spaces_pair, cfg).to(device).eval().keep_encoder_in_compute_dtype()
-    weights, requests = shared.weights[policy_id], shared.request_queues[policy_id]
-    tensors, control = shared.slots.tensors, shared.slots.control
-    obs_keys = list(model.encoders)
-    version = -1
-    busy_s, last_report = 0.0, time.monotonic()
-    while not shared.run.should_stop() and parent_alive(parent):
-        shared.run.beat(process_index)
-        if weights.version != version:
-            loaded = weights.load_into(model)  # on a GPU: device to device (SharedWeights)
+class PolicyWorker:
+    """Batched inference for one policy: acts on (worker, split, slot, step) requests by reading
+    the observations and RNN states in the slots and writing actions, log-probs, values and next
+    states back, then tells each split how many of its actors got their actions."""
+
+    def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
+        self.device = torch.device(cfg.device)
+        self.model = ActorCritic(*spaces_pair, cfg).to(self.device).eval().keep_encoder_in_compute_dtype()
+        self.weights, self.requests = shared.weights[policy_id], shared.request_queues[policy_id]
+        self.tensors, self.control = shared.slots.tensors, shared.slots.control
+        self.obs_keys = list(self.model.encoders)
+        self.version = -1
+
+    def load_latest_weights(self):
+        if self.weights.version != self.version:
+            loaded = self.weights.load_into(self.model)  # on a GPU: device to device (SharedWeights)
             if loaded is not None:
-                version = loaded
-        try:
-            batch = requests.get_many(timeout=0.5)
-        except queue.Empty:
-            continue
+                self.version = loaded
+
+    def act_on(self, requests: list[tuple[int, int, int, int]]):
         # a rollout worker that died after asking no longer owns its slots (the runner reclaimed them)
-        batch = [request for request in batch if control.owner(request[2]) == request[0]]
-        if not batch:
-            continue
-        start = time.perf_counter()
-        index = torch.as_tensor(batch, dtype=torch.long)
+        requests = [request for request in requests if self.control.owner(request[2]) == request[0]]
+        if not requests:
+            return
+        tensors, device = self.tensors, self.device
+        index = torch.as_tensor(requests, dtype=torch.long)
         slot_ids, steps = index[:, 2], index[:, 3]
-        obs = {key: tensors[key][slot_ids, steps].to(device) for key in obs_keys}
-        actions, log_probs, values, next_state = act(model, obs, tensors["rnn_state"][slot_ids, steps].to(device))
+        obs = {key: tensors[key][slot_ids, steps].to(device) for key in self.obs_keys}
+        actions, log_probs, values, next_state = act(self.model, obs, tensors["rnn_state"][slot_ids, steps].to(device))
         tensors["actions"][slot_ids, steps] = actions.cpu()
         tensors["log_prob"][slot_ids, steps] = log_probs.cpu()
         tensors["value"][slot_ids, steps] = values.cpu()
-        tensors["policy_version"][slot_ids, steps] = version
+        tensors["policy_version"][slot_ids, steps] = self.version
         tensors["rnn_state"][slot_ids, steps + 1] = next_state.cpu()
         answered = {}
-        for worker, split, _, _ in batch:
+        for worker, split, _, _ in requests:
             answered[(worker, split)] = answered.get((worker, split), 0) + 1
         for (worker, split), count in answered.items():
-            control.complete(worker, split, count)
+            self.control.complete(worker, split, count)
+
+
+def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
+    child_process_setup("policy", cfg.policy_worker_threads)
+    parent = os.getppid()
+    worker = PolicyWorker(policy_id, cfg, shared, spaces_pair)
+    busy_s, last_report = 0.0, time.monotonic()
+    while not shared.run.should_stop() and parent_alive(parent):
+        shared.run.beat(process_index)
+        worker.load_latest_weights()
+        try:
+            requests = worker.requests.get_many(timeout=0.5)
+        except queue.Empty:
+            continue
+        start = time.perf_counter()
+        worker.act_on(requests)
         busy_s += time.perf_counter() - start
         if time.monotonic() - last_report > 2.0:
             shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s})
@@ -1684,6 +1728,7 @@ class Learner:
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = cfg.batch_size // cfg.rollout
         self.skipped_steps, self.nonfinite_in_a_row = 0, 0
+        self.last_save = time.monotonic()
         self.batcher_stop = threading.Event()
         self.learner_waiting = threading.Event()  # the learner wants a batch: copy one out
 
@@ -1716,11 +1761,7 @@ class Learner:
                 pass
             if not self.batching():
                 return
-            batch = slots.gather(pending)
-            slots.control.release(pending)
-            pending = []
-            if self.device.type == "cuda":
-                batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+            batch, pending = self.take_batch(pending), []
             self.learner_waiting.clear()
             while self.batching():  # the learner is waiting on the empty queue, unless its wait just timed out
                 try:
@@ -1728,6 +1769,14 @@ class Learner:
                     break
                 except queue.Full:
                     continue
+
+    def take_batch(self, slot_indices: list[int]) -> dict[str, torch.Tensor]:
+        """Copies the slots' trajectories out (to the GPU if there is one) and frees the slots."""
+        batch = self.shared.slots.gather(slot_indices)
+        self.shared.slots.control.release(slot_indices)
+        if self.device.type == "cuda":
+            batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+        return batch
 
     def next_batch(self, timeout: float):
         self.learner_waiting.set()
@@ -1853,8 +1902,18 @@ class Learner:
                   f"{weights_checksum(self.model)}", flush=True)
             torch.distributed.destroy_process_group()
 
+    def train_and_report(self, batch: dict[str, torch.Tensor]):
+        """One training step, its statistics to the runner, and a checkpoint when one is due."""
+        start = time.perf_counter()
+        stats = self.train_step(batch)
+        self.shared.stats_queue.put({"type": "learner", "policy_id": self.policy_id,
+                                     "train_s": time.perf_counter() - start,
+                                     "policy_version": self.policy_version, **stats})
+        if time.monotonic() - self.last_save > self.cfg.save_every_sec:
+            self.save()
+            self.last_save = time.monotonic()
+
     def train_loop(self, process_index: int, parent: int):
-        last_save = time.monotonic()
         while True:
             self.shared.run.beat(process_index)
             stop = self.shared.run.should_stop() or not parent_alive(parent)
@@ -1871,14 +1930,7 @@ class Learner:
                     self.shared.run.stop[0] = 1
             if stop:
                 return
-            start = time.perf_counter()
-            stats = self.train_step(batch)
-            self.shared.stats_queue.put({"type": "learner", "policy_id": self.policy_id,
-                                         "train_s": time.perf_counter() - start,
-                                         "policy_version": self.policy_version, **stats})
-            if time.monotonic() - last_save > self.cfg.save_every_sec:
-                self.save()
-                last_save = time.monotonic()
+            self.train_and_report(batch)
 
 
 def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
@@ -1953,11 +2005,14 @@ class Stats:
 
     def busy_fractions(self, cfg) -> dict[str, float]:
         """Share of each kind of process's time spent working since the last call (the rest is
-        waiting): env stepping in rollout workers, forward passes in policy workers, SGD in learners."""
+        waiting): env stepping in rollout workers, forward passes in policy workers, SGD in learners.
+        In serial mode, the share of the one process's time."""
         now = time.monotonic()
         interval = max(now - self.last_report_time, 1e-6)
         processes = {"env": cfg.num_workers, "inference": num_acting_policies(cfg) * cfg.policy_workers_per_policy,
                      "learner": cfg.num_policies}
+        if cfg.serial_mode:
+            processes = dict.fromkeys(processes, 1)
         fractions = {kind: (self.busy_s[kind] - self.busy_s_at_last_report[kind]) / (interval * processes[kind])
                      for kind in self.busy_s}
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), now
@@ -2082,6 +2137,9 @@ class Supervisor:
             self.restart(child)
         return None
 
+    def stop(self):
+        shutdown(self.shared, self.children)
+
     def restart(self, child: Child):
         stop_child(child)
         if child.kind == "rollout worker":
@@ -2092,6 +2150,61 @@ class Supervisor:
             self.shared.run.resend_epoch[0] += 1
         child.start(self.context, self.shared.run)
         self.num_restarts += 1
+
+
+class SerialRun:
+    """--serial_mode: the run's learners, policy workers and rollout workers as objects in this
+    process, driven in turn by the runner's loop (SerialRun.check), with in-process queues. The
+    same code as the parallel run minus the processes: a debugger stops anywhere in it, and with
+    --seed two runs take the same steps. It stands in for the Supervisor (start_all, check, stop)."""
+
+    num_restarts = 0  # nothing runs apart, so nothing is restarted
+
+    def __init__(self, cfg, shared: Shared, spaces_pair):
+        self.cfg, self.shared = cfg, shared
+        torch.set_num_threads(cfg.learner_threads)
+        self.engine_output = contextlib.ExitStack()  # as each rollout worker's: to a log file
+        self.engine_output.enter_context(engine_output_to(engine_log_path(cfg, "serial")))
+        self.learners = [Learner(policy_id, cfg, shared, spaces_pair) for policy_id in range(cfg.num_policies)]
+        self.policy_workers = [PolicyWorker(policy_id, cfg, shared, spaces_pair)
+                               for policy_id in range(num_acting_policies(cfg))]
+        self.rollout_workers = [RolloutWorker(worker_id, 0, cfg, shared) for worker_id in range(cfg.num_workers)]
+        self.pending: list[list[int]] = [[] for _ in self.learners]  # finished slots per learner
+
+    def start_all(self):
+        for worker in self.rollout_workers:
+            worker.reset_all()
+            for split in range(self.cfg.worker_num_splits):
+                worker.request_actions(split)
+
+    def check(self) -> None:
+        """One round: each policy acts on every request, each split whose actions all arrived steps
+        once and asks again, each learner trains on every complete batch."""
+        started = time.perf_counter()
+        for policy_worker in self.policy_workers:
+            policy_worker.load_latest_weights()
+            policy_worker.act_on(drain(policy_worker.requests))
+        acted = time.perf_counter()
+        for worker in self.rollout_workers:
+            while (split := self.shared.slots.control.wait_any(worker.worker_id, timeout=0)) is not None:
+                worker.step_split(split)
+                worker.request_actions(split)
+        for component, busy_s in (("inference", acted - started), ("env", time.perf_counter() - acted)):
+            self.shared.stats_queue.put({"type": "timing", "component": component, "busy_s": busy_s})
+        for learner, pending in zip(self.learners, self.pending):
+            pending += [message[0] for message in drain(self.shared.learner_queues[learner.policy_id])]
+            while len(pending) >= learner.slots_per_batch:
+                learner.train_and_report(learner.take_batch(pending[:learner.slots_per_batch]))
+                del pending[:learner.slots_per_batch]
+        return None
+
+    def stop(self):
+        for learner in self.learners:
+            learner.save()
+        for worker in self.rollout_workers:
+            worker.close()
+        self.engine_output.close()
+        shutdown(self.shared, [])
 
 
 @dataclass
@@ -2126,6 +2239,9 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     # doom_basic at 2x8 envs trained 5-7 versions behind; Sample Factory also stops collecting
     # when two batches wait).
     num_slots = num_actors + slots_per_batch * cfg.num_policies
+    if cfg.serial_mode:  # no learner frees slots while a worker steps: room for every actor to fill one more
+        num_slots += num_actors
+    make_queue = (lambda capacity: InProcessQueue()) if cfg.serial_mode else appo_ipc.Queue
     specs = rollout_buffer_specs(*probe.spaces, cfg)
     weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
     weights = []
@@ -2146,9 +2262,9 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
         slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
         weights=weights,
         hyperparams=PolicyHyperparams(cfg, probe.reward_shaping),
-        request_queues=[appo_ipc.Queue(1 << 20) for _ in range(num_acting_policies(cfg))],
-        learner_queues=[appo_ipc.Queue(1 << 20) for _ in range(cfg.num_policies)],
-        stats_queue=appo_ipc.Queue(8 << 20),
+        request_queues=[make_queue(1 << 20) for _ in range(num_acting_policies(cfg))],
+        learner_queues=[make_queue(1 << 20) for _ in range(cfg.num_policies)],
+        stats_queue=make_queue(8 << 20),
         run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
     )
 
@@ -2432,7 +2548,8 @@ def start_line(cfg) -> str:
     """A run's first line: what runs where, how to follow it, how to stop and resume it."""
     folder = experiment_dir(cfg)
     ranks = f" (rank {cfg.rank} of {cfg.world_size})" if cfg.world_size > 1 else ""
-    return (f"training {cfg.env} on {cfg.device} with {num_processes(cfg)} processes{ranks} in {folder}; "
+    processes = "in one process (--serial_mode)" if cfg.serial_mode else f"with {num_processes(cfg)} processes"
+    return (f"training {cfg.env} on {cfg.device} {processes}{ranks} in {folder}; "
             f"follow it with tensorboard --logdir {folder}; Ctrl-C saves and stops, the same command resumes")
 
 
@@ -2466,15 +2583,17 @@ def train(cfg) -> int:
     def request_stop(signum, frame):
         raise StopRequested()
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-    children = make_children(cfg, shared, spaces_pair)
-    supervisor = Supervisor(cfg, shared, children, multiprocessing.get_context("spawn"))
-    supervisor.start_all()
+    previous_handlers = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    if cfg.serial_mode:
+        workers = SerialRun(cfg, shared, spaces_pair)
+    else:
+        workers = Supervisor(cfg, shared, make_children(cfg, shared, spaces_pair), multiprocessing.get_context("spawn"))
     start = last_report = time.monotonic()
     try:
+        workers.start_all()
         while True:
-            time.sleep(0.1)
+            if not cfg.serial_mode:
+                time.sleep(0.1)  # the children work meanwhile
             for message in drain(shared.stats_queue):
                 stats.consume(message)
             now = time.monotonic()
@@ -2482,12 +2601,12 @@ def train(cfg) -> int:
             stats.policy_frame_history.append((now, shared.run.learner_frames.copy()))
             if shared.run.should_stop():  # under torchrun: another rank ended the run
                 break
-            stop_reason = supervisor.check()
+            stop_reason = workers.check()  # serial mode: one round of the work itself
             if stop_reason:
                 print(f"error: {stop_reason}; stopping", flush=True)
                 exit_code = 1
                 break
-            stats.restarts = supervisor.num_restarts
+            stats.restarts = workers.num_restarts
             if population is not None:
                 population.step(stats, shared)
             if past_policy_id(cfg) is not None and now >= next_past_opponent:
@@ -2506,13 +2625,15 @@ def train(cfg) -> int:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        shutdown(shared, children)
+        workers.stop()
         if cfg.rank == 0:
             print(status_line(cfg, stats, shared, time.monotonic() - start), flush=True)
             summaries.write(cfg, stats, shared)
         if cfg.world_size > 1:
             print(f"rank {cfg.rank} collected {int(shared.run.worker_frames.sum()):,} env frames", flush=True)
         summaries.close()
+        for signum, handler in previous_handlers.items():  # for a caller in this process (tests, serial mode)
+            signal.signal(signum, handler)
     return exit_code
 
 
