@@ -105,10 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     general.add_argument("--mode", choices=["train", "eval"], default="train",
                          help="train, or eval: play a saved policy, print its scores, optionally record a video")
     general.add_argument("--env", default="doom_basic",
-                         help="env name: doom_<scenario>, atari_<game>, dmlab_<level>, dmlab_30, or "
-                              "one added with env.register_env")
+                         help="env name: doom_<scenario>, atari_<game>, dmlab_<level>, dmlab_30, gym:<id> for any "
+                              "registered Gymnasium env (e.g. gym:CartPole-v1), or one added with env.register_env")
     general.add_argument("--experiment", default=None,
-                         help="experiment name; results go to train_dir/experiment (default: the env name)")
+                         help="experiment name; results go to train_dir/experiment (default: the env name, "
+                              "with ':' and '/' as '_')")
     general.add_argument("--train_dir", default="train_dir", help="folder that holds all experiments")
     general.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     general.add_argument("--train_for_env_steps", type=integer, default=10_000_000_000,
@@ -129,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     general.add_argument("--wandb_tags", nargs="*", default=[], help="W&B tags")
 
     env_group = parser.add_argument_group("env")
+    env_group.add_argument("--env_kwargs", default=None,
+                           help='gym:<id> envs: keyword arguments for gymnasium.make, as JSON, e.g. \'{"continuous": true}\'')
     env_group.add_argument("--env_frameskip", type=int, default=None,
                            help="frames per agent step (default: the env's own, e.g. 4 for Doom)")
     env_group.add_argument("--doom_game_variables", action="store_true",
@@ -152,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(32/64/64 channels, ReLU, as in Sample Factory's and CleanRL's Atari configs); or "
                             "resnet, the IMPALA paper's deep encoder (3 stages of conv, max-pool and 2 residual "
                             "blocks, 16/32/32 channels, ReLU), the paper's choice for DMLab")
+    model.add_argument("--encoder_mlp_layers", type=int, nargs="+", default=[128, 128],
+                       help="widths of the MLP that encodes vector observations (Sample Factory's name)")
+    model.add_argument("--nonlinearity", choices=["auto", "elu", "relu", "tanh"], default="auto",
+                       help="activation of the vector MLP and the FC after the encoders; auto: the --encoder's "
+                            "(ELU for convnet_simple, ReLU for convnet_atari and resnet)")
     model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=False,
                        help="normalise each observation element by its running mean and std")
     model.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
@@ -289,7 +297,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if cfg.env_frameskip is None:
         cfg.env_frameskip = 1
     if cfg.experiment is None:
-        cfg.experiment = cfg.env
+        cfg.experiment = cfg.env.replace(":", "_").replace("/", "_")  # gym:MyFork/Reach-v0: one plain folder
     cfg.rank, cfg.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
     if cfg.device == "cuda" and cfg.world_size > 1:
         cfg.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"  # one GPU per rank on each node
@@ -338,6 +346,14 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     for flag in ["policy_index", "max_restarts", "value_loss_coeff", "exploration_loss_coeff", "seed"]:
         if getattr(cfg, flag) is not None and not getattr(cfg, flag) >= 0:
             errors.append(f"--{flag} must be 0 or more, got {getattr(cfg, flag)}")
+    if any(width <= 0 for width in cfg.encoder_mlp_layers):
+        errors.append(f"--encoder_mlp_layers must be positive widths, got {' '.join(map(str, cfg.encoder_mlp_layers))}")
+    if cfg.env_kwargs is not None:
+        try:
+            if not isinstance(json.loads(cfg.env_kwargs), dict):
+                raise ValueError("not an object")
+        except ValueError as error:
+            errors.append(f"--env_kwargs must be a JSON object such as '{{\"continuous\": true}}' ({error})")
     if not 0 <= cfg.gae_lambda <= 1:
         errors.append(f"--gae_lambda must be in [0, 1], got {cfg.gae_lambda}")
     for flag in ["adam_beta1", "adam_beta2"]:
@@ -399,15 +415,92 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
 # ALGO LOGIC: the model
 # =============================================================================================
 
-def action_head_sizes(action_space: spaces.Space) -> list[int]:
-    """One categorical head per sub-space."""
+class Categoricals:
+    """Discrete actions: one categorical per head (Discrete: one head; MultiDiscrete and a Tuple
+    of Discretes: one per entry). The policy head's output ("logits") is every head's logits side
+    by side; an action is one int per head."""
+
+    action_dtype = np.dtype(np.int64)
+
+    def __init__(self, head_sizes: list[int]):
+        self.head_sizes = head_sizes
+        self.num_outputs = sum(head_sizes)
+        self.action_shape = (len(head_sizes),)
+
+    def log_softmax(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        return [F.log_softmax(head, dim=-1) for head in logits.split(self.head_sizes, dim=-1)]
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        flat = logits.reshape(-1, logits.shape[-1])
+        actions = [torch.multinomial(log_probs.exp(), 1).squeeze(1) for log_probs in self.log_softmax(flat)]
+        return torch.stack(actions, dim=-1).view(*logits.shape[:-1], len(self.head_sizes))
+
+    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+        """The most likely action of every head."""
+        return torch.stack([head.argmax(-1) for head in logits.split(self.head_sizes, dim=-1)], dim=-1)
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(a) summed over the heads: [...]."""
+        heads = self.log_softmax(logits)
+        return sum(head.gather(-1, actions[..., i:i + 1]).squeeze(-1) for i, head in enumerate(heads))
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        return sum(-(head.exp() * head).sum(-1) for head in self.log_softmax(logits))
+
+    def symmetric_kl_to_uniform(self, logits: torch.Tensor) -> torch.Tensor:
+        """(KL(pi || U) + KL(U || pi)) / 2 per head, summed over the heads: [...]."""
+        total = 0.0
+        for log_probs in self.log_softmax(logits):
+            log_uniform = -float(np.log(log_probs.shape[-1]))
+            kl_to_uniform = (log_probs.exp() * (log_probs - log_uniform)).sum(-1)
+            kl_from_uniform = (np.exp(log_uniform) * (log_uniform - log_probs)).sum(-1)
+            total = total + 0.5 * (kl_to_uniform + kl_from_uniform)
+        return total
+
+
+class DiagonalGaussian:
+    """Continuous actions (a Box): one normal per dimension. The policy head gives the means; the
+    log standard deviations are a learned vector that does not depend on the state (Sample
+    Factory's default for continuous control). "logits" here is means and log-stds side by side.
+    Actions are sampled and scored unclipped; env_action clips them to the Box at the env."""
+
+    action_dtype = np.dtype(np.float32)
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.num_outputs = dim  # the means; ActorCritic holds the log-stds
+        self.action_shape = (dim,)
+
+    def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return logits[..., :self.dim], logits[..., self.dim:]
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self.split(logits)
+        return mean + log_std.exp() * torch.randn_like(mean)
+
+    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.split(logits)[0]
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self.split(logits)
+        z = (actions - mean) * torch.exp(-log_std)
+        return (-0.5 * z * z - log_std - 0.5 * float(np.log(2 * np.pi))).sum(-1)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        return (self.split(logits)[1] + 0.5 * float(np.log(2 * np.pi * np.e))).sum(-1)
+
+
+def action_distribution(action_space: spaces.Space) -> Categoricals | DiagonalGaussian:
     if isinstance(action_space, spaces.Discrete):
-        return [int(action_space.n)]
+        return Categoricals([int(action_space.n)])
     if isinstance(action_space, spaces.MultiDiscrete):
-        return [int(n) for n in action_space.nvec]
+        return Categoricals([int(n) for n in action_space.nvec])
     if isinstance(action_space, spaces.Tuple) and all(isinstance(s, spaces.Discrete) for s in action_space):
-        return [int(s.n) for s in action_space]
-    raise ValueError(f"unsupported action space {action_space}: use Discrete, MultiDiscrete or a Tuple of Discretes")
+        return Categoricals([int(s.n) for s in action_space])
+    if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
+        return DiagonalGaussian(action_space.shape[0])
+    raise ValueError(f"unsupported action space {action_space}: use Discrete, MultiDiscrete, a Tuple of Discretes "
+                     "or a one-dimensional Box")
 
 
 def obs_shapes(obs_space: spaces.Space) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -518,32 +611,39 @@ CONV_ENCODERS = {
     "convnet_atari": (plain_convnet([(32, 8, 4), (64, 4, 2), (64, 3, 1)], nn.ReLU), nn.ReLU),
     "resnet": (impala_resnet, nn.ReLU),
 }
+NONLINEARITIES = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
 class ActorCritic(nn.Module):
-    """Encoder -> (GRU | LSTM | nothing) -> one categorical head per action sub-space + value.
+    """Encoder -> (GRU | LSTM | nothing) -> action head (Categoricals or DiagonalGaussian) + value.
 
-    Images (uint8, CHW) go through the paper's "simplified" conv net; 1-D float observations
-    (e.g. Doom game variables) through a small MLP; the features are concatenated.
+    Images (uint8, CHW) go through the --encoder conv net; 1-D float observations (Doom's game
+    variables, a gym: env's state) through an MLP (--encoder_mlp_layers); the features are
+    concatenated and go through one FC layer (--hidden_size).
     """
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, cfg):
         super().__init__()
         self.rnn_type = cfg.rnn_type
         self.hidden_size = cfg.hidden_size
-        self.head_sizes = action_head_sizes(action_space)
+        self.action_dist = action_distribution(action_space)
         self.encoders = nn.ModuleDict()
         features = 0
         image_encoder, activation = CONV_ENCODERS[cfg.encoder]
+        if cfg.nonlinearity != "auto":
+            activation = NONLINEARITIES[cfg.nonlinearity]
         for key, (shape, _) in obs_shapes(obs_space).items():
             if len(shape) == 3:
                 self.encoders[key] = image_encoder(shape[0])
                 with torch.no_grad():
                     features += self.encoders[key](torch.zeros(1, *shape)).shape[1]
             elif len(shape) == 1:
-                self.encoders[key] = nn.Sequential(nn.Linear(shape[0], 128), activation(),
-                                                   nn.Linear(128, 128), activation())
-                features += 128
+                layers, width = [], shape[0]
+                for out_width in cfg.encoder_mlp_layers:
+                    layers += [nn.Linear(width, out_width), activation()]
+                    width = out_width
+                self.encoders[key] = nn.Sequential(*layers)
+                features += width
             else:
                 raise ValueError(f"observation '{key}' of shape {shape}: expected an image (C, H, W) or a vector")
         self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), activation())
@@ -557,7 +657,9 @@ class ActorCritic(nn.Module):
             self.core = nn.GRUCell(cfg.hidden_size, cfg.hidden_size)
         elif cfg.rnn_type == "lstm":
             self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
-        self.policy_head = nn.Linear(cfg.hidden_size, sum(self.head_sizes))
+        self.policy_head = nn.Linear(cfg.hidden_size, self.action_dist.num_outputs)
+        if isinstance(self.action_dist, DiagonalGaussian):
+            self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.dim))  # std 1 at the start
         self.value_head = nn.Linear(cfg.hidden_size, 1)
         self.initialize()
         self.to(memory_format=torch.channels_last)  # conv weights only: oneDNN's fast layout, ~1.6x on CPU
@@ -652,10 +754,17 @@ class ActorCritic(nn.Module):
             return hidden, torch.cat([hidden, cell], dim=1)
         return core_input, rnn_state
 
+    def action_logits(self, core_out: torch.Tensor) -> torch.Tensor:
+        """The action distribution's parameters (see Categoricals and DiagonalGaussian)."""
+        logits = self.policy_head(core_out)
+        if isinstance(self.action_dist, DiagonalGaussian):
+            logits = torch.cat([logits, self.action_log_std.expand_as(logits)], dim=-1)
+        return logits
+
     def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
         """One step for a batch: (action logits, value, next RNN state)."""
         core_out, next_state = self.core_step(self.core_inputs(self.encode(obs)), rnn_state)
-        return self.policy_head(core_out), self.value_head(core_out).squeeze(-1), next_state
+        return self.action_logits(core_out), self.value_head(core_out).squeeze(-1), next_state
 
     def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor,
                         dones: torch.Tensor):
@@ -674,7 +783,7 @@ class ActorCritic(nn.Module):
             core_out, rnn_state = self.core_step(core_inputs[t], rnn_state)
             core_outs.append(core_out)
         core_out = torch.stack(core_outs)
-        return self.policy_head(core_out), self.value_head(core_out).squeeze(-1)
+        return self.action_logits(core_out), self.value_head(core_out).squeeze(-1)
 
 
 def trajectory_major(steps: torch.Tensor) -> torch.Tensor:
@@ -684,49 +793,12 @@ def trajectory_major(steps: torch.Tensor) -> torch.Tensor:
     return steps.transpose(0, 1).flatten(0, 1)
 
 
-def split_log_softmax(logits: torch.Tensor, head_sizes: list[int]) -> list[torch.Tensor]:
-    return [F.log_softmax(head, dim=-1) for head in logits.split(head_sizes, dim=-1)]
-
-
-def sample_actions(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
-    """One action per head: [..., num_heads] int64."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    actions = [torch.multinomial(log_probs.exp(), 1).squeeze(1) for log_probs in split_log_softmax(flat, head_sizes)]
-    return torch.stack(actions, dim=-1).view(*logits.shape[:-1], len(head_sizes))
-
-
-def greedy_actions(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
-    """The most likely action of every head: [B, num_heads]."""
-    return torch.stack([head.argmax(-1) for head in logits.split(head_sizes, dim=-1)], dim=-1)
-
-
 def act(model: "ActorCritic", obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
     """One batched inference step: sampled actions, their log-probs, values and next RNN states."""
     with torch.inference_mode():  # cheaper than no_grad: no version counters
         logits, values, next_state = model(obs, rnn_state)
-        actions = sample_actions(logits, model.head_sizes)
-        return actions, action_log_probs(logits, actions, model.head_sizes), values, next_state
-
-
-def action_log_probs(logits: torch.Tensor, actions: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
-    """log pi(a) summed over heads: [...]."""
-    heads = split_log_softmax(logits, head_sizes)
-    return sum(head.gather(-1, actions[..., i:i + 1]).squeeze(-1) for i, head in enumerate(heads))
-
-
-def policy_entropy(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
-    return sum(-(head.exp() * head).sum(-1) for head in split_log_softmax(logits, head_sizes))
-
-
-def symmetric_kl_to_uniform(logits: torch.Tensor, head_sizes: list[int]) -> torch.Tensor:
-    """(KL(pi || U) + KL(U || pi)) / 2 per head, summed over the heads: [...]."""
-    total = 0.0
-    for log_probs in split_log_softmax(logits, head_sizes):
-        log_uniform = -float(np.log(log_probs.shape[-1]))
-        kl_to_uniform = (log_probs.exp() * (log_probs - log_uniform)).sum(-1)
-        kl_from_uniform = (np.exp(log_uniform) * (log_uniform - log_probs)).sum(-1)
-        total = total + 0.5 * (kl_to_uniform + kl_from_uniform)
-    return total
+        actions = model.action_dist.sample(logits)
+        return actions, model.action_dist.log_prob(logits, actions), values, next_state
 
 
 # =============================================================================================
@@ -794,13 +866,13 @@ def value_loss(values, behaviour_values, targets, clip_value, mask):
     return masked_mean(torch.max((values - targets) ** 2, (clipped - targets) ** 2), mask)
 
 
-def exploration_loss(logits, head_sizes, mask, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+def exploration_loss(logits, action_dist, mask, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """(the exploration term to add to the loss, the policy's mean entropy for the stats)."""
-    entropy = masked_mean(policy_entropy(logits, head_sizes), mask)
+    entropy = masked_mean(action_dist.entropy(logits), mask)
     if cfg.exploration_loss == "entropy":
         return -entropy, entropy
     # Sample Factory caps the mean at 30, so that a near-deterministic head cannot blow up the loss
-    return masked_mean(symmetric_kl_to_uniform(logits, head_sizes), mask).clamp(max=30.0), entropy
+    return masked_mean(action_dist.symmetric_kl_to_uniform(logits), mask).clamp(max=30.0), entropy
 
 
 def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
@@ -814,12 +886,12 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     `update_statistics` the targets also update the running return statistics first (the learner
     asks for it once per batch, whatever the epochs, so each target is counted once).
     """
-    head_sizes = model.head_sizes
+    action_dist = model.action_dist
     obs = {key: batch[key] for key in model.encoders}
     dones = batch["done"]
     logits, values = model.forward_rollout(obs, batch["rnn_state"][0], dones)
     actions = batch["actions"][:-1]
-    log_probs = action_log_probs(logits[:-1], actions, head_sizes)
+    log_probs = action_dist.log_prob(logits[:-1], actions)
     behaviour_log_probs = batch["log_prob"][:-1]
     lag = policy_version - batch["policy_version"][:-1]
     mask = ((lag <= cfg.max_policy_lag) & (batch["valid"][:-1] > 0)).float()
@@ -848,7 +920,7 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
 
     policy_loss = ppo_policy_loss(log_probs, behaviour_log_probs, advantages, cfg.ppo_clip_ratio, mask)
     critic_loss = value_loss(values[:-1], batch["value"][:-1], targets, cfg.ppo_clip_value, mask)
-    exploration, entropy = exploration_loss(logits[:-1], head_sizes, mask, cfg)
+    exploration, entropy = exploration_loss(logits[:-1], action_dist, mask, cfg)
     loss = policy_loss + cfg.value_loss_coeff * critic_loss + cfg.exploration_loss_coeff * exploration
     stats = {
         "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": critic_loss.item(),
@@ -866,10 +938,10 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
 
 def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Every per-step field of a trajectory slot: name -> (shape, dtype). Each slot holds T+1 steps."""
-    specs = dict(obs_shapes(obs_space))
+    specs, action_dist = dict(obs_shapes(obs_space)), action_distribution(action_space)
     specs.update({
         "rnn_state": ((rnn_state_size(cfg),), np.dtype(np.float32)),  # state *before* this step
-        "actions": ((len(action_head_sizes(action_space)),), np.dtype(np.int64)),
+        "actions": (action_dist.action_shape, action_dist.action_dtype),
         "log_prob": ((), np.dtype(np.float32)),        # behaviour policy's log pi(action)
         "value": ((), np.dtype(np.float32)),           # behaviour policy's value estimate
         "reward": ((), np.dtype(np.float32)),
@@ -1210,6 +1282,8 @@ class Actor:
 def env_action(action_space, action_row: np.ndarray):
     if isinstance(action_space, spaces.Discrete):
         return int(action_row[0])
+    if isinstance(action_space, spaces.Box):  # the policy samples unbounded; the env gets its bounds
+        return np.clip(action_row, action_space.low, action_space.high).astype(action_space.dtype)
     if isinstance(action_space, spaces.MultiDiscrete):
         return action_row.copy()
     return tuple(int(a) for a in action_row)
@@ -2161,10 +2235,9 @@ class SerialRun:
     num_restarts = 0  # nothing runs apart, so nothing is restarted
 
     def __init__(self, cfg, shared: Shared, spaces_pair):
+        # Engine output stays on the terminal here: a debugger writes through the file descriptor
+        # that engine_output_to would point at a log file.
         self.cfg, self.shared = cfg, shared
-        torch.set_num_threads(cfg.learner_threads)
-        self.engine_output = contextlib.ExitStack()  # as each rollout worker's: to a log file
-        self.engine_output.enter_context(engine_output_to(engine_log_path(cfg, "serial")))
         self.learners = [Learner(policy_id, cfg, shared, spaces_pair) for policy_id in range(cfg.num_policies)]
         self.policy_workers = [PolicyWorker(policy_id, cfg, shared, spaces_pair)
                                for policy_id in range(num_acting_policies(cfg))]
@@ -2203,8 +2276,22 @@ class SerialRun:
             learner.save()
         for worker in self.rollout_workers:
             worker.close()
-        self.engine_output.close()
         shutdown(self.shared, [])
+
+
+def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
+    """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
+    errors = []
+    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
+        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
+    try:
+        continuous = isinstance(action_distribution(probe.spaces[1]), DiagonalGaussian)
+    except ValueError as error:
+        return errors + [f"--env {cfg.env}: {error}"]
+    if continuous and cfg.exploration_loss == "symmetric_kl":
+        errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
+                      "use --exploration_loss entropy")
+    return errors
 
 
 @dataclass
@@ -2501,7 +2588,8 @@ def experiment_dir(cfg) -> str:
 
 
 # Flags that fix the shape of the model (and what its buffers mean).
-MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "doom_game_variables", "normalize_input", "normalize_returns"]
+MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonlinearity", "doom_game_variables",
+               "normalize_input", "normalize_returns"]
 # ... and of the data: a resumed experiment must keep them.
 IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
 
@@ -2559,6 +2647,8 @@ class StopRequested(Exception):
 
 def train(cfg) -> int:
     """Runs a whole training; returns the process exit code."""
+    if cfg.serial_mode:  # before any weights are drawn: the thread count can change their last bits
+        torch.set_num_threads(cfg.learner_threads)
     torch.manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**31))
     print(start_line(cfg), flush=True)
     try:
@@ -2567,8 +2657,9 @@ def train(cfg) -> int:
         print(f"error: {cfg.env} failed to start ({type(error).__name__}: {error}); its engine's output is in "
               f"{engine_log_path(cfg, 'probe')}", file=sys.stderr)
         return 1
-    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:  # a registered env: only the probe tells
-        print_errors([f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent"])
+    errors = probe_errors(cfg, probe)
+    if errors:
+        print_errors(errors)
         return 2
     spaces_pair = probe.spaces
     model = ActorCritic(*spaces_pair, cfg)
@@ -2765,8 +2856,8 @@ def play_games(cfg, env, model: ActorCritic, video: VideoWriter | None) -> list[
                      for key in obs_keys}
         with torch.no_grad():
             logits, _, rnn_state = model(obs_batch, rnn_state)
-        actions = (greedy_actions(logits, model.head_sizes) if cfg.eval_deterministic
-                   else sample_actions(logits, model.head_sizes)).numpy()
+        actions = (model.action_dist.mode(logits) if cfg.eval_deterministic
+                   else model.action_dist.sample(logits)).numpy()
         env_actions = [env_action(env.action_space, row) for row in actions]
         obs, rewards, dones, infos = agent_lists(num_agents, *env.step(
             env_actions[0] if num_agents == 1 else env_actions))

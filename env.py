@@ -1,10 +1,12 @@
-"""Environments for appo.py: VizDoom (doom_*), Atari (atari_<game>) and DeepMind Lab (dmlab_*).
+"""Environments for appo.py: VizDoom (doom_*), Atari (atari_<game>), DeepMind Lab (dmlab_*) and any
+Gymnasium env by id (gym:<id>).
 
     env = create_env("doom_basic", cfg, env_index=3)
 
 Every env returned here speaks the Gymnasium API and follows one contract:
-  * observations are uint8 CHW images (or a Dict {"obs": image, "measurements": float32 vector});
-  * actions are Discrete or a Tuple of Discretes;
+  * observations are uint8 CHW images, float32 vectors, or a Dict of them (Doom: {"obs": image,
+    "measurements": vector});
+  * actions are Discrete, MultiDiscrete, a Tuple of Discretes, or a one-dimensional Box (gym: envs);
   * the reward is the one the learner trains on (Doom: scaled; Atari: clipped to its sign);
   * when a real game ends, the step's info holds "true_return" (raw score of the whole game),
     "true_length" (env frames of the whole game, frameskip included) and "true_objective" (what
@@ -23,8 +25,10 @@ Add your own env with register_env(name, factory).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.util
+import json
 import os
 import queue
 import random
@@ -83,6 +87,8 @@ def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None 
         return make_doom_env(name, cfg, env_index, render_mode)
     if name.startswith("atari_"):
         return make_atari_env(name, cfg, env_index, render_mode)
+    if _is_gym_name(name):
+        return make_gym_env(name, cfg, env_index, render_mode)
     return make_dmlab_env(name, cfg, env_index, render_mode)
 
 
@@ -105,6 +111,15 @@ FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
     },
     "dmlab_": {"encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
+    # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for
+    # every gym: env (its policy is a Gaussian on a Box, categoricals otherwise). Not taken: its KL
+    # penalty (kl_loss_coeff 0.1) and synchronous collection; appo.py has neither.
+    "gym:": {
+        "env_frameskip": 1, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "hidden_size": 64,
+        "rnn_type": "none", "rollout": 64, "batch_size": 1024, "num_epochs": 2, "num_batches_per_epoch": 4,
+        "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3, "exploration_loss_coeff": 0.0,
+        "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5, "normalize_input": True,
+    },
 }
 # Per-env overrides on top of the family's: only where Sample Factory itself sets one for that env,
 # with a comment naming where. It sets none for the built-in single-player envs.
@@ -194,6 +209,11 @@ def _env_problem(name: str, cfg=None) -> tuple[type[Exception], str] | None:
         if not _module_available("deepmind_lab"):
             return ImportError, _dmlab_install_line(name)
         return None
+    if _is_gym_name(name):
+        if getattr(cfg, "env_frameskip", None) not in (None, 1):
+            return ValueError, (f"--env_frameskip {cfg.env_frameskip} with --env {name}: gym: envs take one step per "
+                                "action; register a frame-skipping wrapper of your env as an id of its own instead")
+        return _unknown_gym_id(name)
     return ValueError, _unknown_env_line(name)
 
 
@@ -210,7 +230,8 @@ def _missing_packages(env_name: str, modules_and_packages) -> tuple[type[Excepti
 
 
 def _unknown_env_line(name: str) -> str:
-    known = sorted([*DOOM_SCENARIOS, *DOOM_MATCHES]) + ["atari_<game> (any ALE game)", "dmlab_<level>", "dmlab_30"]
+    known = sorted([*DOOM_SCENARIOS, *DOOM_MATCHES]) + ["atari_<game> (any ALE game)", "dmlab_<level>", "dmlab_30",
+                                                       "gym:<id> (any registered Gymnasium env)"]
     known += sorted(_REGISTERED_ENVS)
     return f"unknown env {name!r} (--env): known envs are {', '.join(known)}"
 
@@ -1761,3 +1782,73 @@ class DmLabEnv(gym.Env):
     @staticmethod
     def _chw(frame: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(frame.transpose(2, 0, 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Any Gymnasium env by id: gym:<id>
+# ------------------------------------------------------------------------------------------------
+# The smallest family, and the one to copy when adding your own: a name test, a problem check for
+# env_error, a factory, and the two wrappers every family shares (GameStatsRecorder innermost,
+# TrainerInterface outermost). Its training defaults are FAMILY_FLAG_OVERRIDES["gym:"].
+
+def _is_gym_name(name: str) -> bool:
+    return name.startswith("gym:") and len(name) > len("gym:")
+
+
+def _unknown_gym_id(name: str) -> tuple[type[Exception], str] | None:
+    env_id = name[len("gym:"):]
+    if env_id in gym.registry:
+        return None
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return ValueError, (f"unknown Gymnasium id {env_id!r} in --env {name}: {hint}python -c 'import gymnasium; "
+                        "gymnasium.pprint_registry()' lists the registered ids; register your own with "
+                        "gymnasium.register in your launcher (README: bring your own env)")
+
+
+def make_gym_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> gym.Env:
+    kwargs = json.loads(getattr(cfg, "env_kwargs", None) or "{}")
+    if render_mode is not None:  # only when asked: an env of the user's may not take the argument
+        kwargs["render_mode"] = render_mode
+    env = GymObservations(gym.make(name[len("gym:"):], **kwargs))
+    stats = env = GameStatsRecorder(env, frames_per_step=1)  # one frame per step: no frameskip here
+    return TrainerInterface(env, stats, seed=_run_seed(cfg, env_index))
+
+
+class GymObservations(gym.ObservationWrapper):
+    """Observations as appo.py's encoders take them: uint8 images (H, W, C) to CHW for the conv
+    encoder, every other Box flattened to a float32 vector for the MLP; a Dict key by key."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        subspaces = space.spaces if isinstance(space, spaces.Dict) else {None: space}
+        for key, subspace in subspaces.items():
+            if not isinstance(subspace, spaces.Box):
+                raise ValueError(f"observation {key or ''} is {subspace}: appo.py takes Box observations "
+                                 "(images or vectors), or a Dict of them")
+        self._is_image = {key: _is_image_space(subspace) for key, subspace in subspaces.items()}
+        converted = {key: _trainer_space(subspace) for key, subspace in subspaces.items()}
+        self.observation_space = spaces.Dict(converted) if None not in converted else converted[None]
+
+    def observation(self, obs):
+        if not isinstance(obs, dict):
+            return self._convert(None, obs)
+        return {key: self._convert(key, value) for key, value in obs.items()}
+
+    def _convert(self, key, value):
+        if self._is_image[key]:
+            return np.ascontiguousarray(np.transpose(value, (2, 0, 1)))
+        return np.asarray(value, dtype=np.float32).reshape(-1)
+
+
+def _is_image_space(space: spaces.Box) -> bool:
+    return space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] in (1, 3, 4)
+
+
+def _trainer_space(space: spaces.Box) -> spaces.Box:
+    if _is_image_space(space):
+        height, width, channels = space.shape
+        return spaces.Box(0, 255, (channels, height, width), np.uint8)
+    return spaces.Box(space.low.reshape(-1).astype(np.float32), space.high.reshape(-1).astype(np.float32),
+                      dtype=np.float32)

@@ -29,6 +29,8 @@ setup(
         "doom": ["vizdoom>=1.2.3"],
         "atari": ["ale-py>=0.9"],
         "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2", "matplotlib", "wandb"],
+        "mujoco": ["gymnasium[mujoco]"],
+        "box2d": ["gymnasium[box2d]"],
         "bench": ["faster-fifo", "matplotlib"],
         "wandb": ["wandb"],
     },

@@ -163,7 +163,7 @@ def random_batch(model: appo.ActorCritic, spaces_pair, cfg) -> dict[str, torch.T
              .transpose(0, 1) for name, (field_shape, dtype) in specs.items()}
     for key in model.encoders:
         batch[key].copy_(torch.randint(0, 256, batch[key].shape))
-    for head, size in enumerate(model.head_sizes):
+    for head, size in enumerate(model.action_dist.head_sizes):  # the bench runs discrete envs
         batch["actions"][..., head] = torch.randint(0, size, shape)
     batch["log_prob"][:] = -1.0
     batch["done"][:] = (torch.rand(shape) < 0.01).float()

@@ -463,11 +463,13 @@ def test_this_machines_cpu_flags_are_read():
 
 def test_action_heads_sample_valid_actions_and_score_them():
     logits = torch.log(torch.tensor([[0.0, 1.0, 0.0, 0.25, 0.25, 0.25, 0.25]]) + 1e-12)
-    actions = appo.sample_actions(logits.repeat(50, 1), [3, 4])
+    heads = appo.Categoricals([3, 4])
+    actions = heads.sample(logits.repeat(50, 1))
     assert actions.shape == (50, 2) and (actions[:, 0] == 1).all() and (actions[:, 1] < 4).all()
-    log_probs = appo.action_log_probs(logits, torch.tensor([[1, 2]]), [3, 4])
+    log_probs = heads.log_prob(logits, torch.tensor([[1, 2]]))
     assert log_probs.item() == pytest.approx(np.log(0.25), abs=1e-5)
-    assert appo.policy_entropy(logits, [3, 4]).item() == pytest.approx(np.log(4), abs=1e-4)
+    assert heads.entropy(logits).item() == pytest.approx(np.log(4), abs=1e-4)
+    assert heads.mode(logits).tolist() == [[1, 0]]
 
 
 def test_symmetric_kl_to_uniform_against_a_hand_computed_example():
@@ -476,7 +478,64 @@ def test_symmetric_kl_to_uniform_against_a_hand_computed_example():
     kl_to_uniform = 0.75 * np.log(0.75 / 0.5) + 0.25 * np.log(0.25 / 0.5)
     kl_from_uniform = 0.5 * np.log(0.5 / 0.75) + 0.5 * np.log(0.5 / 0.25)
     expected = 0.5 * (kl_to_uniform + kl_from_uniform)
-    assert appo.symmetric_kl_to_uniform(logits, [2, 3]).item() == pytest.approx(expected, rel=1e-5)
+    assert appo.Categoricals([2, 3]).symmetric_kl_to_uniform(logits).item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_gaussian_head_scores_and_samples_as_a_diagonal_normal():
+    gaussian = appo.DiagonalGaussian(3)
+    mean, log_std = torch.tensor([[0.5, -1.0, 2.0]]), torch.tensor([[0.0, -1.0, 0.7]])
+    logits = torch.cat([mean, log_std], dim=-1)
+    actions = torch.tensor([[0.1, -1.2, 5.0]])  # outside a Box's bounds too: scored unclipped
+    normal = torch.distributions.Normal(mean, log_std.exp())
+    torch.testing.assert_close(gaussian.log_prob(logits, actions), normal.log_prob(actions).sum(-1))
+    torch.testing.assert_close(gaussian.entropy(logits), normal.entropy().sum(-1))
+    assert torch.equal(gaussian.mode(logits), mean)
+    torch.manual_seed(0)
+    samples = gaussian.sample(logits.expand(20_000, 6))
+    torch.testing.assert_close(samples.mean(0), mean[0], atol=0.05, rtol=0)
+    torch.testing.assert_close(samples.std(0), log_std[0].exp(), atol=0.05, rtol=0.02)
+
+
+def test_a_box_action_space_gets_a_gaussian_with_a_learned_state_independent_log_std():
+    box = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    model = appo.ActorCritic(spaces.Box(-np.inf, np.inf, (5,), np.float32), box, small_cfg(rnn_type="none"))
+    logits, _, _ = model({"obs": torch.randn(4, 5)}, torch.zeros(4, 1))
+    assert logits.shape == (4, 4) and torch.equal(logits[:, 2:], torch.zeros(4, 2))  # log-std 0 at the start
+    model.action_dist.log_prob(logits, torch.zeros(4, 2)).sum().backward()
+    assert model.action_log_std.grad is not None and model.action_log_std.grad.abs().sum() > 0
+    specs = appo.rollout_buffer_specs(spaces.Box(-np.inf, np.inf, (5,), np.float32), box, small_cfg())
+    assert specs["actions"] == ((2,), np.dtype(np.float32))
+    clipped = appo.env_action(box, np.array([3.0, -0.5], np.float32))
+    assert clipped.tolist() == [1.0, -0.5] and clipped.dtype == np.float32  # bounds only at the env
+
+
+def test_ppo_with_v_trace_trains_a_gaussian_policy_towards_better_actions():
+    """One-step episodes where the reward is -(action - 0.7)^2: the mean moves towards 0.7."""
+    torch.manual_seed(0)
+    cfg = small_cfg(rnn_type="none", normalize_returns=False, with_vtrace=True, exploration_loss="entropy",
+                    exploration_loss_coeff=0.0)
+    obs_space, box = spaces.Box(-1.0, 1.0, (1,), np.float32), spaces.Box(-2.0, 2.0, (1,), np.float32)
+    model = appo.ActorCritic(obs_space, box, cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    steps, trajectories = 2, 128
+    for _ in range(150):
+        obs = {"obs": torch.zeros(steps + 1, trajectories, 1)}
+        with torch.no_grad():
+            logits, values, _ = model({"obs": obs["obs"].flatten(0, 1)}, torch.zeros(steps * trajectories + trajectories, 1))
+        logits = logits.view(steps + 1, trajectories, -1)
+        actions = model.action_dist.sample(logits)
+        batch = {**obs, "rnn_state": torch.zeros(steps + 1, trajectories, 1), "actions": actions,
+                 "log_prob": model.action_dist.log_prob(logits, actions), "value": values.view(steps + 1, trajectories),
+                 "reward": -(actions[..., 0] - 0.7) ** 2, "done": torch.ones(steps + 1, trajectories),
+                 "policy_version": torch.zeros(steps + 1, trajectories, dtype=torch.long),
+                 "valid": torch.ones(steps + 1, trajectories)}
+        loss, _ = appo.appo_loss(model, batch, 0, cfg)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    mean = model.action_logits(model.core_step(model.core_inputs(model.encode({"obs": torch.zeros(1, 1)})),
+                                               torch.zeros(1, 1))[0])[0, 0].item()
+    assert abs(mean - 0.7) < 0.15, mean
 
 
 @pytest.mark.parametrize("kind", ["entropy", "symmetric_kl"])
@@ -485,21 +544,22 @@ def test_exploration_loss_pushes_a_skewed_policy_towards_uniform(kind):
     more uniform. The symmetric KL is capped at 30 as in Sample Factory."""
     cfg = argparse.Namespace(exploration_loss=kind)
     logits = torch.tensor([[2.0, 0.0, -1.0]], requires_grad=True)
-    loss, entropy = appo.exploration_loss(logits, [3], torch.ones(1), cfg)
+    head = appo.Categoricals([3])
+    loss, entropy = appo.exploration_loss(logits, head, torch.ones(1), cfg)
     loss.backward()
     with torch.no_grad():
         stepped = logits - 0.1 * logits.grad
-    assert appo.policy_entropy(stepped, [3]).item() > entropy.item()
-    uniform_loss, _ = appo.exploration_loss(torch.zeros(1, 3), [3], torch.ones(1), cfg)
+    assert head.entropy(stepped).item() > entropy.item()
+    uniform_loss, _ = appo.exploration_loss(torch.zeros(1, 3), head, torch.ones(1), cfg)
     assert uniform_loss.item() <= loss.item()
     if kind == "symmetric_kl":
         assert uniform_loss.item() == pytest.approx(0.0, abs=1e-6)
-        collapsed, _ = appo.exploration_loss(torch.tensor([[200.0, -200.0, -200.0]]), [3], torch.ones(1), cfg)
+        collapsed, _ = appo.exploration_loss(torch.tensor([[200.0, -200.0, -200.0]]), head, torch.ones(1), cfg)
         assert collapsed.item() == 30.0
 
 
 def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):
-    heads = appo.action_head_sizes(action_space)
+    heads = appo.action_distribution(action_space).head_sizes
     data = random_obs(obs_space, (steps + 1, batch))
     data["rnn_state"] = torch.zeros(steps + 1, batch, appo.rnn_state_size(cfg))
     data["actions"] = torch.stack([torch.randint(0, n, (steps + 1, batch)) for n in heads], dim=-1)

@@ -45,6 +45,10 @@ BAD_INVOCATIONS = [
     (["--env", "doom_nope"], "--env"),
     (["--env", "atari_nope"], "--env atari_nope"),
     (["--doom_scenarios_dir", "/no/such/folder"], "--doom_scenarios_dir"),
+    (["--env", "gym:CartPol-v1"], "--env gym:CartPol-v1"),
+    (["--env", "gym:CartPole-v1", "--env_frameskip", "4"], "--env_frameskip 4"),
+    (["--env_kwargs", "continuous=true"], "--env_kwargs"),
+    (["--encoder_mlp_layers", "64", "0"], "--encoder_mlp_layers"),
     (["--experiment", "../elsewhere"], "--experiment"),
     (["--experiment", "a/b"], "--experiment"),
     (["--train_dir", "/proc/appo_runs"], "--train_dir"),
@@ -97,7 +101,7 @@ def test_device_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
     monkeypatch.setattr(appo.torch.cuda, "is_available", lambda: False)
     assert appo.parse_args([]).device == "cpu"
     monkeypatch.setattr(appo.torch.cuda, "is_available", lambda: True)
-    assert appo.parse_args([]).device == "cuda"
+    assert appo.parse_args(["--encoder_dtype", "float32"]).device == "cuda"  # (bf16 support would ask CUDA)
     assert appo.parse_args(["--device", "cpu"]).device == "cpu"  # an explicit choice stands
 
 
@@ -115,7 +119,7 @@ def test_a_doom_duel_run_shows_only_the_trainers_lines_and_logs_the_engines(tmp_
                            "--train_dir", str(tmp_path), "--experiment", "duel"], tmp_path, tag)
     lines = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 0, "\n".join(lines[-20:])
-    assert lines[0].startswith(f"training doom_duel on cpu with 4 processes in {tmp_path / 'duel'}")
+    assert re.match(rf"training doom_duel on cpu with \d+ processes in {tmp_path / 'duel'}; follow it with", lines[0])
     assert [line for line in lines if not TRAINER_LINE.match(line)] == []
     assert sum(line.startswith("[") for line in lines) >= 2
     # the engines' chatter went to the experiment's logs instead (ViZDoom's multiplayer handshake)
@@ -131,3 +135,8 @@ def test_an_env_that_fails_to_start_names_its_engine_log(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "doom_basic failed to start" in err and "no_such.wad" in err
     assert appo.engine_log_path(appo.parse_args(flags), "probe") in err
+
+
+def test_the_default_experiment_of_a_gym_id_is_one_plain_folder():
+    assert appo.parse_args(["--env", "gym:MyFork/Reach-v0"]).experiment == "gym_MyFork_Reach-v0"
+    assert appo.parse_args(["--env", "doom_basic"]).experiment == "doom_basic"

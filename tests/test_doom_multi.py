@@ -10,12 +10,11 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import vizdoom  # in the [test] extra: a broken install must fail the suite, not skip this module
 
 import env as envs
 from conftest import vizdoom_processes
 from env import create_env, env_defaults, env_error, get_num_agents, reward_shaping_weights, set_reward_shaping
-
-vizdoom = pytest.importorskip("vizdoom")
 
 # 0.05 minutes of game time: 105 tics, 53 steps at frameskip 2
 SHORT_MATCH_MINUTES = 0.05

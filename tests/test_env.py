@@ -336,7 +336,7 @@ def test_env_defaults():
     assert doom["batch_size"] == 1024 and doom["normalize_input"] and not doom["with_vtrace"]
     assert env_defaults("atari_pong") == env_defaults("atari_breakout") == {**expected, **envs.FAMILY_FLAG_OVERRIDES["atari_"]}
     assert env_defaults("doom_duel") == envs.DOOM_MATCH_DEFAULTS  # the matches keep their own
-    assert env_defaults("dmlab_30") == expected
+    assert env_defaults("dmlab_30") == {**expected, "encoder": "resnet"}
     assert env_defaults("no_such_env") == {}
     assert env_defaults("atari_notagame") == {}
 
@@ -497,3 +497,58 @@ def test_dmlab30_human_normalized_score():
     del returns["rooms_watermaze"]
     with pytest.raises(ValueError, match="rooms_watermaze"):
         envs.dmlab30_human_normalized_score(returns)
+
+
+# ---------------------------------------------------------------------------------------------
+# gym:<id>
+
+def test_a_gymnasium_env_by_id_reports_whole_games():
+    env = create_env("gym:CartPole-v1", flags(seed=3, env_frameskip=1))
+    assert env.observation_space == gym.spaces.Box(env.observation_space.low, env.observation_space.high,
+                                                   (4,), np.float32)
+    obs, _ = env.reset()
+    assert_matches_space(obs, env.observation_space)
+    total, steps, info = 0.0, 0, {}
+    while "true_return" not in info:
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        total, steps = total + reward, steps + 1
+        if terminated or truncated:
+            obs, _ = env.reset()
+    assert info["true_return"] == total and info["true_length"] == steps  # one frame per step
+    env.close()
+
+
+class ImageAndVector(gym.Env):
+    """A registered env with HWC image and float64 vector observations, and a Box action."""
+    observation_space = gym.spaces.Dict({"pixels": gym.spaces.Box(0, 255, (6, 8, 3), np.uint8),
+                                         "state": gym.spaces.Box(-1.0, 1.0, (2, 2), np.float64)})
+    action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(action)
+        return self.observation_space.sample(), 1.0, True, False, {}
+
+
+def test_gym_observations_become_chw_images_and_float32_vectors():
+    gym.register("AppoTest/ImageAndVector-v0", entry_point=ImageAndVector)
+    env = create_env("gym:AppoTest/ImageAndVector-v0", flags(env_frameskip=1))
+    assert env.observation_space["pixels"].shape == (3, 6, 8)
+    assert env.observation_space["state"] == gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    obs, _ = env.reset(seed=1)
+    assert_matches_space(obs, env.observation_space)
+    env.close()
+    raw = {"pixels": np.arange(6 * 8 * 3, dtype=np.uint8).reshape(6, 8, 3), "state": np.ones((2, 2))}
+    converted = envs.GymObservations(ImageAndVector()).observation(raw)
+    assert np.array_equal(converted["pixels"], raw["pixels"].transpose(2, 0, 1))
+    assert converted["state"].dtype == np.float32 and converted["state"].shape == (4,)
+
+
+def test_gym_names_that_cannot_work_are_flag_errors():
+    assert "did you mean CartPole-v1" in env_error("gym:CartPol-v1")
+    assert "--env_frameskip 4" in env_error("gym:CartPole-v1", flags(env_frameskip=4))
+    assert env_error("gym:CartPole-v1", flags(env_frameskip=1)) is None
+    assert env_defaults("gym:CartPole-v1")["env_frameskip"] == 1

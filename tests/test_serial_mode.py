@@ -53,7 +53,7 @@ def test_a_breakpoint_in_the_loss_stops_under_pdb(tmp_path):
     with open(os.path.join(REPO, "appo.py")) as f:
         lines = f.read().splitlines()
     in_loss = lines.index(next(text for text in lines if text.startswith("def appo_loss(")))
-    line = 1 + next(number for number in range(in_loss, len(lines)) if lines[number].strip() == "head_sizes = model.head_sizes")
+    line = 1 + next(number for number in range(in_loss, len(lines)) if lines[number].strip() == "action_dist = model.action_dist")
     commands = f"break {os.path.join(REPO, 'appo.py')}:{line}\ncontinue\np policy_version >= 0\nquit\n"
     result = subprocess.run([sys.executable, "-m", "pdb", os.path.join(REPO, "appo.py"),
                              *serial_flags(tmp_path, "pdb", frames=100_000)],
