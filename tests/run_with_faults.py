@@ -8,9 +8,13 @@ instance the trainer makes to replace it behaves). Kinds:
   crash  the env's VizDoom game process is SIGKILLed, so the next step fails inside VizDoom
   hang   env.step never returns
   nan    every reward from then on is NaN
-The env is registered at import time, so the spawned worker processes have it too.
+and one fault of the learner, diskfull:N: after its Nth checkpoint the learner's process may
+write no file larger than 64 KiB (RLIMIT_FSIZE), as on a full disk, so every later save fails.
+The env is registered and the learner's save patched at import time, so the spawned processes
+have them too.
 """
 import os
+import resource
 import signal
 import sys
 import time
@@ -25,11 +29,28 @@ FIRED: set[tuple[str, int]] = set()  # per process: faults already injected
 
 
 def parse_faults(spec: str) -> list[tuple[str, int, int]]:
+    """The env faults, kind:env_index:step each."""
     faults = []
     for item in filter(None, spec.split(",")):
-        kind, env_index, step = item.split(":")
-        faults.append((kind, int(env_index), int(step)))
+        if not item.startswith("diskfull:"):
+            kind, env_index, step = item.split(":")
+            faults.append((kind, int(env_index), int(step)))
     return faults
+
+
+def fill_the_disk_after(saves: int):
+    """The learner's save_checkpoint, with the disk full after `saves` of them."""
+    save, done = appo.save_checkpoint, [0]
+
+    def save_then_fill(cfg, policy_id, state):
+        path = save(cfg, policy_id, state)
+        done[0] += 1
+        if done[0] == saves:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+        return path
+
+    appo.save_checkpoint = save_then_fill
 
 
 def vizdoom_children() -> list[int]:
@@ -89,6 +110,9 @@ def make_faulty_env(cfg, env_index, render_mode):
 
 
 envs.register_env("doom_faulty", make_faulty_env)
+for fault in os.environ.get("APPO_FAULTS", "").split(","):
+    if fault.startswith("diskfull:"):
+        fill_the_disk_after(int(fault.split(":")[1]))
 
 if __name__ == "__main__":
     sys.exit(appo.main())

@@ -14,7 +14,7 @@ import torch
 from gymnasium import spaces
 
 import appo
-from conftest import processes_tagged
+from conftest import processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -747,6 +747,26 @@ def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
     assert len(steady) >= 5, run.stdout[-3000:]
     assert max(lag_max for _, _, lag_max in steady) <= 4, steady
     assert np.median([lag_avg for _, lag_avg, _ in steady]) <= 2.5, steady
+
+
+@pytest.mark.slow
+def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_path):
+    """--policy_workers_per_policy 2 (two processes answer one policy's requests) with 2 epochs of
+    2 minibatches: the run trains to its budget, checkpoints and leaves nothing behind."""
+    tag = uuid.uuid4().hex
+    command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
+               "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "128", "--hidden_size", "64",
+               "--policy_workers_per_policy", "2", "--num_epochs", "2", "--num_batches_per_epoch", "2",
+               "--train_for_env_steps", "20000", "--report_every_sec", "2", "--train_dir", str(tmp_path),
+               "--experiment", "e2e", "--seed", "1"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=dict(os.environ, APPO_TEST_TAG=tag))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "with 5 processes" in run.stdout.splitlines()[0]  # a learner, two policy workers, two rollout workers
+    trained = [int(value.replace(",", "")) for value in re.findall(r"trained ([\d,]+)", run.stdout)]
+    assert trained and trained[-1] >= 20000
+    assert checkpoint_versions(tmp_path)[-1] * 128 * 4 >= 20000  # one policy version per batch
+    assert processes_still_tagged(tag) == []
 
 
 def test_readme_flag_tables_are_the_parsers_names_defaults_and_help():

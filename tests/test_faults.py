@@ -175,7 +175,7 @@ def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(
         stop_sent = time.monotonic()
         run.process.send_signal(signal.SIGTERM)
         assert run.finish(timeout=30) == 0, run.output_tail()
-        assert time.monotonic() - stop_sent < 12  # every child within the 10 s the issue allows
+        assert time.monotonic() - stop_sent < 10  # the README's bound: every child gone, the runner too
     finally:
         run.process.kill()
     assert "stop requested: saving and shutting down" in run.output
@@ -269,6 +269,27 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, spawn)
     assert outcome.startswith("OSError"), outcome
     assert os.listdir(os.path.dirname(first)) == [os.path.basename(first)]  # no partial file left
     assert torch.equal(appo.load_latest_checkpoint(cfg, 0)["model"]["w"], torch.ones(4))
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_training_is_reported_and_training_goes_on(tmp_path):
+    """The fault table's row in a live run: after the first checkpoint the learner's disk is full."""
+    run = Run(tmp_path, ["--train_for_seconds", "90", "--save_every_sec", "2"], faults="diskfull:1",
+              env="doom_faulty")
+    try:
+        index, _ = run.wait_for(r"error: could not save checkpoint of policy 0: .*(File too large|could not write)")
+        full_at = trained_frames(run.lines[run.wait_for("trained", after=index)[0]])
+        run.wait_for_training(after=index, beyond=full_at)  # training goes on
+        run.wait_for(r"error: could not save checkpoint", after=index + 1)  # and every save fails alike
+        run.process.send_signal(signal.SIGINT)
+        assert run.finish(timeout=60) == 0, run.output_tail()
+    finally:
+        run.process.kill()
+    folder = tmp_path / "faults" / "checkpoint_p0"
+    assert [path.name for path in folder.iterdir() if not path.name.endswith(".pth")] == []  # no partial file
+    saved = run.checkpoints()
+    assert len(saved) == 1 and saved[0]["env_frames"] < full_at  # the one from before the disk filled, intact
+    run.assert_nothing_left()
 
 
 def test_unreadable_checkpoints_stop_the_run_before_it_starts(tmp_path, capsys):
