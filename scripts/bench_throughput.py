@@ -5,15 +5,21 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
 
   pure sim   the same number of processes stepping the same envs with random actions and no
              model: the most frames per second the envs can give here
-  ceiling    the cost per sample of an env step, a batched forward pass and the learner's
+  ceiling    an upper bound: the cost per sample of an env step, a forward pass at the policy
+             worker's precision and largest batch (every actor at once), and the learner's
              forward+backward, each timed on one core, combined into the FPS that all the cores
              could deliver if no process ever waited
-  ours       appo.py's steady training FPS: the median of 10-second windows after a warm-up,
-             with how busy each kind of process was and the policy lag
+  ours       appo.py's steady training FPS with its defaults (a bfloat16 encoder where the
+             hardware has it), with how busy each kind of process was and the policy lag
+  ours_fp32  the same with --encoder_dtype float32: Sample Factory's precision
   sf         Sample Factory 2.1.1 with the same configuration, from its own log (needs
              --sf_python; scripts/setup_sample_factory.sh makes that interpreter)
 
-and prints a table with the ratios ours/pure sim, ours/ceiling and ours/SF. `--json` prints
+Both trainers are measured alike: FPS is env frames *trained* per second (frameskip included;
+what Sample Factory's "Fps is" line counts), the median of 10-second windows that start after
+--warmup seconds counted from the trainer's first report of trained frames, and neither writes
+checkpoints during the run. The table gives ours/pure sim, ours/ceiling, ours/SF and
+ours_fp32/SF (like for like). `--json` prints
 the same figures as JSON; `--sweep 2,4,8` repeats everything for several envs per worker and
 `--plot` draws FPS against the number of envs (the paper's Figure 3). Every leg runs for
 `--seconds` (after `--warmup` for the trainers); `--repeats N` runs each leg N times and reports
@@ -44,7 +50,8 @@ import appo  # noqa: E402
 import env as envs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LEGS = ["pure", "ceiling", "ours", "sf"]
+LEGS = ["pure", "ceiling", "ours", "ours_fp32", "sf"]
+NO_CHECKPOINTS = ["--save_every_sec", "100000"]  # both trainers: no checkpoint during a measurement
 
 
 def parse_args():
@@ -60,7 +67,7 @@ def parse_args():
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds of training before the trainers' FPS counts")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each leg; the table shows medians")
-    parser.add_argument("--legs", default="pure,ceiling,ours,sf",
+    parser.add_argument("--legs", default="pure,ceiling,ours,ours_fp32,sf",
                         help="comma-separated legs to run, from: " + ",".join(LEGS))
     parser.add_argument("--sf_python", default=None,
                         help="interpreter of a Sample Factory 2.1.1 environment; without it the sf leg is skipped")
@@ -207,8 +214,9 @@ def measure_ceiling(flags: list[str], seconds: float) -> dict:
         cfg = appo.parse_args(flags)
         env_s, num_agents = measure_env_step(flags, seconds / 3)
         spaces_pair = appo.probe_env(cfg).spaces
-        model = appo.ActorCritic(*spaces_pair, cfg).eval()
-        inference_batch = cfg.num_workers * cfg.num_envs_per_worker * num_agents // cfg.worker_num_splits
+        # as the policy worker holds it, at the largest batch it can form (every actor asking at once)
+        model = appo.ActorCritic(*spaces_pair, cfg).eval().keep_encoder_in_compute_dtype()
+        inference_batch = cfg.num_workers * cfg.num_envs_per_worker * num_agents
         sample_batch = random_batch(model, spaces_pair, cfg)
         obs = {key: sample_batch[key][0, :1].expand(inference_batch, *sample_batch[key].shape[2:]).contiguous()
                for key in model.encoders}
@@ -231,22 +239,36 @@ def measure_ceiling(flags: list[str], seconds: float) -> dict:
 # Trainers: ours and Sample Factory, each read from its own log lines
 # ---------------------------------------------------------------------------------------------
 
-def run_logged(command: list[str], seconds: float, cwd: str) -> list[tuple[float, str]]:
-    """Runs `command` in its own process group for at most `seconds`; returns (time, line) pairs.
+def trained_frames_of_ours(line: str) -> int:
+    match = OURS_TRAINED.search(line) if line.startswith("[") else None
+    return int(match.group(1).replace(",", "")) if match else 0
+
+
+def run_logged_until(command: list[str], seconds_after_start: float, started, cwd: str = REPO
+                     ) -> list[tuple[float, str]]:
+    """Runs `command` in its own process group and returns its output as (seconds since launch,
+    line) pairs; stops it `seconds_after_start` after the first line for which started(line) holds
+    (or 180 s later if none comes), so that every trainer's warm-up counts from the same event.
     Whatever the command leaves behind (processes, VizDoom's /dev/shm files) is removed."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
-    lines, start = [], time.monotonic()
+    lines, launch, start = [], time.monotonic(), [None]
 
     def read_lines():
         for line in process.stdout:
-            lines.append((time.monotonic() - start, line.rstrip("\n")))
+            now = time.monotonic() - launch
+            lines.append((now, line.rstrip("\n")))
+            if start[0] is None and started(line):
+                start[0] = now
 
     reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     try:
-        process.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
+        while process.poll() is None:
+            now = time.monotonic() - launch
+            if (start[0] is not None and now > start[0] + seconds_after_start) or now > 180 + seconds_after_start:
+                break
+            time.sleep(0.2)
         process.terminate()  # appo.py saves and stops; Sample Factory needs its group killed
         try:
             process.wait(timeout=15)
@@ -268,27 +290,31 @@ def steady_windows(values: list[float]) -> dict:
             "within_10_percent": sum(d <= 0.1 for d in deviations) / len(deviations), "window_fps": values}
 
 
-OURS_STATUS = re.compile(r"\[\s*(\d+)s\] frames [\d,]+ \| FPS 10s/60s/300s ([\d,]+)/")
+OURS_TRAINED = re.compile(r"trained ([\d,]+)")
 OURS_BUSY = re.compile(r"busy env (\d+)% inference (\d+)% learner (\d+)%")
 OURS_LAG = re.compile(r"lag \d+/([\d.]+)/\d+")
 
 
-def measure_ours(args, flags: list[str]) -> dict:
+def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> dict:
+    """appo.py's FPS from the `trained` count of its status lines (every 10 s), like Sample
+    Factory's; it trains until warm-up and measurement are over, counted from its first trained frames."""
     with tempfile.TemporaryDirectory() as train_dir:
-        command = [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags,
-                   "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", "10",
-                   "--save_every_sec", "1e9", "--train_for_seconds", str(args.warmup + args.seconds)]
-        lines = run_logged(command, args.warmup + args.seconds + 120, cwd=REPO)
-    fps, busy, lags = [], [], []
-    for _, line in lines:
-        status = OURS_STATUS.search(line)
-        if not status or float(status.group(1)) < args.warmup + 10:  # the first window ends 10 s after warm-up
+        command = [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags, *extra_flags,
+                   "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", "10", *NO_CHECKPOINTS]
+        lines = run_logged_until(command, args.warmup + args.seconds + 10, started=trained_frames_of_ours)
+    fps, busy, lags, previous = [], [], [], None
+    start = next((when for when, line in lines if trained_frames_of_ours(line)), None)
+    for when, line in lines:
+        frames = trained_frames_of_ours(line)
+        if not frames or when < start + args.warmup:  # (no trained line at all: start is None, never here)
             continue
-        fps.append(float(status.group(2).replace(",", "")))
-        if OURS_BUSY.search(line):
-            busy.append([float(v) for v in OURS_BUSY.search(line).groups()])
-        if OURS_LAG.search(line):
-            lags.append(float(OURS_LAG.search(line).group(1)))
+        if previous is not None:
+            fps.append((frames - previous[1]) / (when - previous[0]))
+            if OURS_BUSY.search(line):
+                busy.append([float(v) for v in OURS_BUSY.search(line).groups()])
+            if OURS_LAG.search(line):
+                lags.append(float(OURS_LAG.search(line).group(1)))
+        previous = (when, frames)
     fps = fps[:-1]  # the last line is printed at shutdown, over a part-window
     result = steady_windows(fps)
     if not fps:
@@ -311,26 +337,30 @@ def sample_factory_command(args, flags: list[str], train_dir: str) -> list[str]:
     if family not in SF_MODULES:
         raise SystemExit(f"error: --sf_python: Sample Factory's launchers cover doom_* and atari_* only, not {args.env}")
     command = [args.sf_python, "-m", SF_MODULES[family], *flags, "--device", "cpu", "--train_dir", train_dir,
-               "--experiment", "bench", "--train_for_env_steps", str(10**12)]
+               "--experiment", "bench", "--train_for_env_steps", str(10**12), *NO_CHECKPOINTS]
     if family == "atari":  # its Atari defaults are synchronous with 4 epochs x 4 batches; ours: async, 1 x 1
         command += ["--async_rl", "True", "--num_epochs", "1", "--num_batches_per_epoch", "1"]
     return command
 
 
+def sf_reports_training(line: str) -> bool:
+    match = SF_FPS.search(line)
+    return bool(match) and match.group(1) != "nan"
+
+
 def measure_sample_factory(args, flags: list[str]) -> dict:
-    """Sample Factory's `--train_for_seconds` never stops a run: it is bounded by time here, and
-    its warm-up counts from its first FPS line (it takes 10-20 s to start)."""
+    """Sample Factory's own FPS line (frames its learner trained, over 10 s). Its
+    `--train_for_seconds` never stops a run: it is stopped here after warm-up and measurement."""
     semaphores_before = {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")}
     with tempfile.TemporaryDirectory() as train_dir:
-        lines = run_logged(sample_factory_command(args, flags, train_dir), args.warmup + args.seconds + 30,
-                           cwd=train_dir)
+        lines = run_logged_until(sample_factory_command(args, flags, train_dir), args.warmup + args.seconds + 10,
+                                 started=sf_reports_training, cwd=train_dir)
     # killing its process group also kills its multiprocessing resource tracker, which would
     # have removed its semaphores
     for name in os.listdir("/dev/shm"):
         if name.startswith("sem.mp-") and name not in semaphores_before:
             os.unlink(os.path.join("/dev/shm", name))
-    first_fps = next((t for t, line in lines if SF_FPS.search(line) and SF_FPS.search(line).group(1) != "nan"),
-                     None)
+    first_fps = next((when for when, line in lines if sf_reports_training(line)), None)
     fps, last_time = [], None
     for when, line in lines:
         match = SF_FPS.search(line)
@@ -367,6 +397,8 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
                 runs[leg].append(measure_ceiling(flags + args.trainer_flags, args.seconds))
             elif leg == "ours":
                 runs[leg].append(measure_ours(args, flags))
+            elif leg == "ours_fp32":
+                runs[leg].append(measure_ours(args, flags, ("--encoder_dtype", "float32")))
             else:
                 runs[leg].append(measure_sample_factory(args, flags))
             if runs[leg][-1].get("log_tail"):
@@ -375,9 +407,10 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
     fps = {leg: median_or_none([run["fps"] for run in runs.get(leg, [])]) for leg in LEGS}
     result = {"env": args.env, "num_workers": args.num_workers, "num_envs": args.num_workers * envs_per_worker,
               "pure_sim_fps": fps["pure"], "ceiling_fps": fps["ceiling"], "ours_fps": fps["ours"],
-              "sf_fps": fps["sf"], "runs": runs}
+              "ours_fp32_fps": fps["ours_fp32"], "sf_fps": fps["sf"], "runs": runs}
     for name, baseline in (("pure_sim", "pure"), ("ceiling", "ceiling"), ("sf", "sf")):
         result[f"ours_over_{name}"] = fps["ours"] / fps[baseline] if fps["ours"] and fps[baseline] else None
+    result["ours_fp32_over_sf"] = fps["ours_fp32"] / fps["sf"] if fps["ours_fp32"] and fps["sf"] else None
     return result
 
 
@@ -387,10 +420,12 @@ def format_table(results: list[dict]) -> str:
             return "-"
         return f"{value:.2f}" if ratio else f"{value:,.0f}"
 
-    header = ["env", "envs", "pure sim", "ceiling", "ours", "SF", "ours/pure", "ours/ceiling", "ours/SF"]
+    header = ["env", "envs", "pure sim", "ceiling", "ours", "ours fp32", "SF", "ours/pure", "ours/ceiling",
+              "ours/SF", "ours fp32/SF"]
     rows = [[r["env"], str(r["num_envs"]), cell(r["pure_sim_fps"]), cell(r["ceiling_fps"]), cell(r["ours_fps"]),
-             cell(r["sf_fps"]), cell(r["ours_over_pure_sim"], True), cell(r["ours_over_ceiling"], True),
-             cell(r["ours_over_sf"], True)] for r in results]
+             cell(r["ours_fp32_fps"]), cell(r["sf_fps"]), cell(r["ours_over_pure_sim"], True),
+             cell(r["ours_over_ceiling"], True), cell(r["ours_over_sf"], True), cell(r["ours_fp32_over_sf"], True)]
+            for r in results]
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
     lines = [" | ".join(text.rjust(width) for text, width in zip(row, widths)) for row in [header] + rows]
     lines.insert(1, "-+-".join("-" * width for width in widths))
@@ -405,7 +440,7 @@ def format_table(results: list[dict]) -> str:
         if any(len(fps) > 1 for fps in per_run.values()):
             details.append(f"{r['num_envs']} envs, every run: " + "; ".join(
                 f"{leg} " + " ".join(f"{fps:,.0f}" for fps in values) for leg, values in per_run.items() if values))
-        for leg in ("ours", "sf"):
+        for leg in ("ours", "ours_fp32", "sf"):
             leg_runs = [run for run in r["runs"].get(leg, []) if run.get("fps")]
             if leg_runs:
                 run = leg_runs[len(leg_runs) // 2]
@@ -417,7 +452,9 @@ def format_table(results: list[dict]) -> str:
                 if run.get("lag_avg") is not None:
                     text += f", policy lag {run['lag_avg']:.1f}"
                 details.append(text)
-    return "\n".join(lines + ["", "FPS = env frames per second (frameskip included); medians over runs."] + details)
+    return "\n".join(lines + ["", "FPS = env frames trained per second (frameskip included), both trainers; "
+                                "medians over runs. ours: appo.py's defaults (encoder precision: --encoder_dtype "
+                                "auto); ours fp32: float32, like Sample Factory."] + details)
 
 
 def plot(results: list[dict], path: str):

@@ -27,8 +27,7 @@ def test_the_benchmark_reads_fps_busy_time_and_lag_from_our_status_line():
     shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([20_000, 13_000]),
                                                              learner_frames=np.array([30_000])))
     line = appo.status_line(cfg, stats, shared, elapsed=42.0)
-    status = bench.OURS_STATUS.search(line)
-    assert status and status.groups() == ("42", "2,300"), line
+    assert bench.trained_frames_of_ours(line) == 30_000, line  # frames trained: what Sample Factory's FPS counts
     assert bench.OURS_BUSY.search(line).groups() == ("30", "40", "90"), line
     assert bench.OURS_LAG.search(line).group(1) == "2.5", line
 
@@ -36,9 +35,9 @@ def test_the_benchmark_reads_fps_busy_time_and_lag_from_our_status_line():
 def test_the_benchmark_reads_sample_factorys_fps_line():
     line = ("[2026-11-23 15:50:12,345][04321] Fps is (10 sec: 1433.6, 60 sec: 1501.2, 300 sec: 1501.2). "
             "Total num frames: 98304. Throughput: 0: 358.4. Samples: 24576. Policy #0 lag: (min: 0.0, avg: 1.2, max: 3.0)")
-    assert bench.SF_FPS.search(line).group(1) == "1433.6"
+    assert bench.SF_FPS.search(line).group(1) == "1433.6" and bench.sf_reports_training(line)
     first = "[2026-11-23 15:49:52,001][04321] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0."
-    assert bench.SF_FPS.search(first).group(1) == "nan"
+    assert bench.SF_FPS.search(first).group(1) == "nan" and not bench.sf_reports_training(first)
 
 
 def test_steady_windows_report_the_median_and_the_worst_window():
@@ -54,14 +53,15 @@ def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
     tag = uuid.uuid4().hex
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "doom_basic",
                "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1",
-               "--batch_size", "128", "--rollout", "16", "--legs", "pure,ceiling,ours",
-               "--seconds", "12", "--warmup", "0", "--json"]
+               "--batch_size", "128", "--rollout", "16", "--legs", "pure,ceiling,ours,ours_fp32",
+               "--seconds", "20", "--warmup", "0", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                             env={**os.environ, "BENCH_TEST_TAG": tag})
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)
     assert figures["env"] == "doom_basic" and figures["num_envs"] == 2 and figures["sf_fps"] is None
     assert figures["pure_sim_fps"] > 0 and figures["ceiling_fps"] > 0 and figures["ours_fps"] > 0
+    assert figures["ours_fp32_fps"] > 0 and figures["ours_fp32_over_sf"] is None  # no SF leg here
     assert figures["ours_over_pure_sim"] == pytest.approx(figures["ours_fps"] / figures["pure_sim_fps"])
     ceiling = figures["runs"]["ceiling"][0]
     assert ceiling["env_ms_per_step"] > 0 and ceiling["learner_ms_per_sample"] > 0
