@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <vector>
+
 namespace ipc {
 
 // ---------------------------------------------------------------------------------------------
@@ -361,15 +363,22 @@ int slots_release(SlotsHeader* s, const int32_t* slots, size_t num) {
     for (size_t i = 0; i < num; i++)
         if (slots[i] < 0 || (uint32_t)slots[i] >= s->num_slots) return TOO_BIG;
     if (lock(s, slots_repair) != OK) return SYS_ERROR;
+    // Each slot is marked free as it is checked, so a slot listed twice fails its second check
+    // (pushed twice, it would go to two owners, and past num_slots the stack overruns owners[]).
+    // On failure the marks are undone and nothing is pushed.
+    std::vector<int32_t> previous_owners(num);
     for (size_t i = 0; i < num; i++) {
-        if (owners(s)[slots[i]] == FREE) {  // a double release would hand one slot out twice
+        previous_owners[i] = owners(s)[slots[i]];
+        if (previous_owners[i] == FREE) {
+            while (i-- > 0) owners(s)[slots[i]] = previous_owners[i];
             unlock(s);
             return FULL;
         }
+        owners(s)[slots[i]] = FREE;
     }
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     for (size_t i = 0; i < num; i++) {
         free_stack(s)[s->free_count] = slots[i];
-        owners(s)[slots[i]] = FREE;
         __atomic_thread_fence(__ATOMIC_RELEASE);
         s->free_count++;
     }
@@ -382,7 +391,13 @@ int slots_release(SlotsHeader* s, const int32_t* slots, size_t num) {
 
 int slots_set_owner(SlotsHeader* s, int32_t slot, int32_t owner) {
     if (slot < 0 || (uint32_t)slot >= s->num_slots) return TOO_BIG;
-    __atomic_store_n(&owners(s)[slot], owner, __ATOMIC_RELEASE);
+    if (owner < 0) return FULL;
+    // Only a taken slot changes hands: a free one given an owner would stay on the free stack too.
+    int32_t current = __atomic_load_n(&owners(s)[slot], __ATOMIC_ACQUIRE);
+    do {
+        if (current == FREE) return EMPTY;
+    } while (!__atomic_compare_exchange_n(&owners(s)[slot], &current, owner, false, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
     return OK;
 }
 
@@ -393,6 +408,7 @@ int32_t slots_owner(SlotsHeader* s, int32_t slot) {
 uint32_t slots_free_count(SlotsHeader* s) { return __atomic_load_n(&s->free_count, __ATOMIC_ACQUIRE); }
 
 size_t slots_reclaim(SlotsHeader* s, int32_t owner) {
+    if (owner < 0) return 0;  // FREE: the free slots would be pushed a second time
     if (lock(s, slots_repair) != OK) return 0;
     size_t reclaimed = 0;
     for (uint32_t slot = 0; slot < s->num_slots; slot++) {

@@ -95,7 +95,9 @@ size_t slots_segment_size(uint32_t num_slots, uint32_t num_workers, uint32_t num
 int slots_init(void* addr, uint32_t num_slots, uint32_t num_workers, uint32_t num_splits);
 int slots_acquire(SlotsHeader* s, int32_t owner, bool block, double timeout, LockMode mode,
                   int32_t* slot);
+// FULL (and nothing released) if a slot is free already or listed twice.
 int slots_release(SlotsHeader* s, const int32_t* slots, size_t num);
+// Hands a taken slot to another owner (>= 0): EMPTY if the slot is free, FULL for a negative owner.
 int slots_set_owner(SlotsHeader* s, int32_t slot, int32_t owner);
 int32_t slots_owner(SlotsHeader* s, int32_t slot);
 uint32_t slots_free_count(SlotsHeader* s);

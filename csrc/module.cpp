@@ -36,11 +36,24 @@ py::handle queue_empty_type, queue_full_type, pickle_dumps, pickle_loads;
     throw std::runtime_error(what + ": " + strerror(errno));
 }
 
+// A timeout is None (wait as long as it takes) or a number of seconds >= 0, as for queue.Queue;
+// a negative or NaN one used to mean "for ever".
+std::optional<double> checked_timeout(std::optional<double> timeout) {
+    if (timeout && !(*timeout >= 0.0))
+        throw py::value_error("timeout must be None or a non-negative number of seconds");
+    return timeout;
+}
+
+void check_owner(int32_t owner) {
+    if (owner < 0) throw py::value_error("owner " + std::to_string(owner) + ": owners are >= 0 (-1 means free)");
+}
+
 // Runs call(block, timeout, lock_mode) once without releasing the GIL and without waiting for
 // the lock (the common case), then, if it has to wait, in short slices with the GIL released so
 // that other threads run and Ctrl-C is noticed between slices.
 template <typename Call>
 int call_maybe_waiting(bool block, std::optional<double> timeout, int would_block, Call call) {
+    timeout = checked_timeout(timeout);
     int rc = call(false, 0.0, ipc::TRY);
     if (rc != ipc::BUSY && (rc != would_block || !block)) return rc;
     if (!block) {
@@ -179,6 +192,7 @@ struct Queue : Shared {
     }
 
     py::list get_many(size_t max_messages, bool block, std::optional<double> timeout) {
+        if (max_messages == 0) throw py::value_error("max_messages must be at least 1");
         thread_local std::vector<char> buffer;
         if (buffer.size() < header()->capacity) buffer.resize(header()->capacity);
         size_t num = 0, bytes = 0;
@@ -252,7 +266,8 @@ PYBIND11_MODULE(appo_ipc, m) {
 
     py::class_<Queue>(m, "Queue", "Multi-producer, multi-consumer FIFO in a shared-memory ring.")
         .def(py::init([](size_t max_size_bytes) {
-                 if (max_size_bytes < 64) throw py::value_error("max_size_bytes must be >= 64");
+                 if (max_size_bytes < 64 || max_size_bytes > (size_t(1) << 40))
+                     throw py::value_error("max_size_bytes must be between 64 and 2**40");
                  auto q = std::make_unique<Queue>();
                  q->create(ipc::queue_segment_size(max_size_bytes), "appo-queue");
                  if (ipc::queue_init(q->segment.addr, max_size_bytes) != ipc::OK)
@@ -318,7 +333,7 @@ PYBIND11_MODULE(appo_ipc, m) {
              [](SlotControl& s, int32_t owner, bool block,
                 std::optional<double> timeout) -> std::optional<int32_t> {
                  int32_t slot = -1;
-                 if (owner == ipc::FREE) throw py::value_error("owner -1 means free; use >= 0");
+                 check_owner(owner);
                  int rc = call_maybe_waiting(block, timeout, ipc::EMPTY, [&](bool b, double t, ipc::LockMode mode) {
                      return ipc::slots_acquire(s.header(), owner, b, t, mode, &slot);
                  });
@@ -332,23 +347,30 @@ PYBIND11_MODULE(appo_ipc, m) {
              [](SlotControl& s, const std::vector<int32_t>& slots) {
                  int rc = ipc::slots_release(s.header(), slots.data(), slots.size());
                  if (rc == ipc::TOO_BIG) throw py::index_error("slot index out of range");
-                 if (rc == ipc::FULL) throw py::value_error("a slot was released twice");
+                 if (rc == ipc::FULL)
+                     throw py::value_error("a slot is free already or listed twice; nothing was released");
                  if (rc != ipc::OK) throw std::runtime_error("slots: a system call failed");
              },
              py::arg("slots"), "Returns slots to the free list.")
         .def("set_owner",
              [](SlotControl& s, int32_t slot, int32_t owner) {
                  s.check_slot(slot);
-                 ipc::slots_set_owner(s.header(), slot, owner);
+                 check_owner(owner);
+                 if (ipc::slots_set_owner(s.header(), slot, owner) == ipc::EMPTY)
+                     throw py::value_error("slot " + std::to_string(slot) + " is free: acquire it first");
              },
-             py::arg("slot"), py::arg("owner"))
+             py::arg("slot"), py::arg("owner"), "Hands a taken slot to another owner.")
         .def("owner",
              [](SlotControl& s, int32_t slot) {
                  s.check_slot(slot);
                  return ipc::slots_owner(s.header(), slot);
              },
              py::arg("slot"))
-        .def("reclaim", [](SlotControl& s, int32_t owner) { return ipc::slots_reclaim(s.header(), owner); },
+        .def("reclaim",
+             [](SlotControl& s, int32_t owner) {
+                 check_owner(owner);
+                 return ipc::slots_reclaim(s.header(), owner);
+             },
              py::arg("owner"), "Frees every slot `owner` holds (its process died); returns how many.")
         .def_property_readonly("free_count", [](SlotControl& s) { return ipc::slots_free_count(s.header()); })
         .def_property_readonly("num_slots", [](SlotControl& s) { return s.header()->num_slots; })

@@ -372,3 +372,42 @@ def test_close_wakes_waiters_on_slots():
     assert results == [None]
     with pytest.raises(appo_ipc.Closed):
         slots.acquire(owner=1)
+
+
+def test_the_slot_api_refuses_what_would_corrupt_the_free_list():
+    """Each of these once went through: release([s, s]) handed one slot to two owners, reclaim(-1)
+    pushed every free slot again, set_owner on a free slot left it on the free stack too."""
+    slots = appo_ipc.SlotControl(num_slots=4, num_workers=1, num_splits=1)
+    a, b = slots.acquire(owner=0), slots.acquire(owner=0)
+    with pytest.raises(ValueError, match="listed twice"):
+        slots.release([a, a])
+    with pytest.raises(ValueError, match="free already"):
+        slots.release([a, 3])  # 3 is free: nothing is released, a included
+    assert slots.free_count == 2 and slots.owner(a) == 0
+    with pytest.raises(ValueError, match="owners are >= 0"):
+        slots.reclaim(-1)
+    with pytest.raises(ValueError, match="owners are >= 0"):
+        slots.set_owner(a, -1)
+    with pytest.raises(ValueError, match="is free"):
+        slots.set_owner(3, 0)
+    assert slots.free_count == 2 and slots.owner(3) == -1
+    slots.set_owner(a, 5)
+    assert slots.owner(a) == 5
+    slots.release([a, b])
+    assert slots.free_count == 4
+    assert sorted(slots.acquire(owner=1) for _ in range(4)) == [0, 1, 2, 3]  # each slot once
+
+
+def test_timeouts_are_none_or_non_negative_and_sizes_are_checked():
+    """A negative or NaN timeout waited for ever; queue.Queue raises ValueError, and so do we."""
+    q, slots = appo_ipc.Queue(), appo_ipc.SlotControl(num_slots=1, num_workers=1, num_splits=1)
+    for call in (lambda: q.get(timeout=-0.01), lambda: q.get_many(timeout=float("nan")),
+                 lambda: q.put((1,), timeout=-1.0), lambda: slots.acquire(owner=0, timeout=-1.0),
+                 lambda: slots.wait_any(0, timeout=-1.0)):
+        with pytest.raises(ValueError, match="timeout"):
+            call()
+    assert q.qsize() == 0 and slots.free_count == 1  # none of them did anything
+    with pytest.raises(ValueError, match="max_messages"):
+        q.get_many(max_messages=0)
+    with pytest.raises(ValueError, match="max_size_bytes"):
+        appo_ipc.Queue(2**64 - 1)
