@@ -2162,13 +2162,14 @@ def kill_process_group(pgid: int):
             os.unlink(path)
 
 
-def stop_child(child: Child):
-    """Ends one child for good, whatever state it is in."""
+def stop_child(child: Child) -> bool:
+    """Ends one child for good, whatever state it is in; False if it is still alive after that."""
     if child.kind == "rollout worker":
-        kill_process_group(child.process.pid)
-    elif child.process.is_alive():
+        kill_process_group(child.process.pid)  # with the env processes it started
+    if child.process.is_alive():  # a rollout worker that had not made its own group yet, or another child
         child.process.kill()
     child.process.join(timeout=5.0)
+    return not child.process.is_alive()
 
 
 class Supervisor:
@@ -2208,14 +2209,18 @@ class Supervisor:
             engine_log = (f"; its envs' engine output is in {engine_log_path(self.cfg, f'rollout_worker_{child.worker_id}')}"
                           if child.kind == "rollout worker" else "")
             print(f"warning: {child.name} {problem}; restarting it{engine_log}", flush=True)
-            self.restart(child)
+            if not self.restart(child):
+                return f"{child.name} {problem} and is still alive after SIGKILL (stuck in the kernel?)"
         return None
 
     def stop(self):
         shutdown(self.shared, self.children)
 
-    def restart(self, child: Child):
-        stop_child(child)
+    def restart(self, child: Child) -> bool:
+        """Ends the child, frees what it held, starts it again; False if it would not end (then
+        its slots stay its own: freed, they could be written by two processes)."""
+        if not stop_child(child):
+            return False
         if child.kind == "rollout worker":
             self.shared.slots.control.reclaim(child.worker_id)
         else:  # the requests it had taken are lost: empty the queues, then every worker asks again
@@ -2223,6 +2228,7 @@ class Supervisor:
                 drain(request_queue)
             self.shared.run.resend_epoch[0] += 1
         child.start(self.context, self.shared.run)
+        return True
         self.num_restarts += 1
 
 

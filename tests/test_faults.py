@@ -246,6 +246,23 @@ def test_nonfinite_losses_are_skipped_then_stop_the_run_with_a_reason(tmp_path):
     run.assert_nothing_left()
 
 
+def sleep_before_setting_up(seconds: float):
+    time.sleep(seconds)  # a rollout worker that has not reached child_process_setup (no group of its own yet)
+
+
+def test_stopping_a_rollout_worker_that_has_no_process_group_yet_still_ends_it(spawn):
+    """ipc-review row 15: killing the worker's group killed nothing before it had called setpgid,
+    and its slots were then reclaimed while it lived."""
+    child = appo.Child("rollout worker 0", "rollout worker", 0, sleep_before_setting_up, (60.0,), worker_id=0)
+    child.process = spawn.Process(target=child.target, args=child.args, daemon=True)
+    child.process.start()
+    assert os.getpgid(child.process.pid) == os.getpgid(0)  # in our group, not in one of its own
+    started = time.monotonic()
+    ended = appo.stop_child(child)
+    assert not child.process.is_alive() and child.process.exitcode == -signal.SIGKILL
+    assert ended and time.monotonic() - started < 5.0
+
+
 def save_with_a_tiny_file_size_limit(train_dir: str, results):
     """In its own process: the kernel refuses writes past 64 KiB, as on a full disk."""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
