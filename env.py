@@ -163,6 +163,9 @@ def game_fps(name: str) -> float:
     """Frames per second of the game itself (videos play at game speed: this / frameskip)."""
     if name.startswith("doom_"):
         return 35.0  # Doom's tic rate
+    if _is_gym_name(name):  # the env class's own, where it says (MuJoCo's set theirs per instance)
+        creator = gym.envs.registration.load_env_creator(gym.registry[name[len("gym:"):]].entry_point)
+        return float(getattr(creator, "metadata", {}).get("render_fps") or 30.0)
     return 60.0  # Atari and DeepMind Lab
 
 

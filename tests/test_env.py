@@ -547,6 +547,10 @@ def test_gym_observations_become_chw_images_and_float32_vectors():
     assert converted["state"].dtype == np.float32 and converted["state"].shape == (4,)
 
 
+def test_a_gym_envs_video_plays_at_its_own_rate():
+    assert envs.game_fps("gym:CartPole-v1") == 50.0  # CartPoleEnv.metadata["render_fps"]
+
+
 def test_gym_names_that_cannot_work_are_flag_errors():
     assert "did you mean CartPole-v1" in env_error("gym:CartPol-v1")
     assert "--env_frameskip 4" in env_error("gym:CartPole-v1", flags(env_frameskip=4))
