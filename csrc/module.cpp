@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -149,6 +150,10 @@ py::object decode(const char* data, size_t size) {
 }
 
 struct Queue : Shared {
+    // Messages taken from the ring by this handle but not yet returned, because one before them
+    // failed to unpickle: they go out first on the next get (this process only).
+    std::deque<std::string> undelivered;
+
     ipc::QueueHeader* header() const { return (ipc::QueueHeader*)segment.addr; }
 
     void check_result(int rc, size_t message_bytes, py::handle would_block_type) const {
@@ -174,8 +179,7 @@ struct Queue : Shared {
     }
 
     void put(py::handle message, bool block, std::optional<double> timeout) {
-        thread_local std::string data;
-        data.clear();
+        std::string data;  // per call: pickling can run Python code that puts too (a thread_local was overwritten)
         encode(message, data);
         put_encoded(data, {(uint32_t)data.size()}, block, timeout);
     }
@@ -193,21 +197,39 @@ struct Queue : Shared {
 
     py::list get_many(size_t max_messages, bool block, std::optional<double> timeout) {
         if (max_messages == 0) throw py::value_error("max_messages must be at least 1");
-        thread_local std::vector<char> buffer;
-        if (buffer.size() < header()->capacity) buffer.resize(header()->capacity);
-        size_t num = 0, bytes = 0;
-        int rc = call_maybe_waiting(block, timeout, ipc::EMPTY, [&](bool b, double t, ipc::LockMode mode) {
-            return ipc::queue_get(header(), buffer.data(), buffer.size(), max_messages, b, t, mode,
-                                  &num, &bytes);
-        });
-        check_result(rc, 0, queue_empty_type);
-        py::list messages(num);
-        size_t offset = 0;
-        for (size_t i = 0; i < num; i++) {
-            uint32_t size;
-            memcpy(&size, buffer.data() + offset, sizeof(size));
-            messages[i] = decode(buffer.data() + offset + sizeof(size), size);
-            offset += sizeof(size) + size;
+        if (undelivered.empty()) {
+            thread_local std::vector<char> buffer;
+            if (buffer.size() < header()->capacity) buffer.resize(header()->capacity);
+            size_t num = 0, bytes = 0;
+            int rc = call_maybe_waiting(block, timeout, ipc::EMPTY, [&](bool b, double t, ipc::LockMode mode) {
+                return ipc::queue_get(header(), buffer.data(), buffer.size(), max_messages, b, t, mode,
+                                      &num, &bytes);
+            });
+            check_result(rc, 0, queue_empty_type);
+            // Copied out before any unpickling, which can run Python code that gets again and
+            // would overwrite the thread_local buffer.
+            size_t offset = 0;
+            for (size_t i = 0; i < num; i++) {
+                uint32_t size;
+                memcpy(&size, buffer.data() + offset, sizeof(size));
+                undelivered.emplace_back(buffer.data() + offset + sizeof(size), size);
+                offset += sizeof(size) + size;
+            }
+        }
+        // A message that cannot be unpickled raises once and is dropped. Those decoded before it
+        // are returned first, and those after it stay for the next call, so no good message is lost.
+        py::list messages;
+        while (!undelivered.empty() && messages.size() < max_messages) {
+            py::object message;
+            try {
+                message = decode(undelivered.front().data(), undelivered.front().size());
+            } catch (py::error_already_set&) {
+                if (messages.size() > 0) return messages;  // the bad one raises on the next call
+                undelivered.pop_front();
+                throw;
+            }
+            undelivered.pop_front();
+            messages.append(message);
         }
         return messages;
     }
@@ -291,8 +313,9 @@ PYBIND11_MODULE(appo_ipc, m) {
         .def("get_many", &Queue::get_many, py::arg("max_messages") = 1 << 30,
              py::arg("block") = true, py::arg("timeout") = py::none(),
              "Takes every waiting message up to max_messages (at least one) as a list.")
-        .def("qsize", [](const Queue& q) { return q.header()->state.count; })
-        .def("empty", [](const Queue& q) { return q.header()->state.count == 0; })
+        .def("qsize", [](const Queue& q) { return q.header()->state.count + q.undelivered.size(); },
+             "Messages in the ring, plus those this handle took but has not returned yet.")
+        .def("empty", [](const Queue& q) { return q.header()->state.count == 0 && q.undelivered.empty(); })
         .def("close", [](Queue& q) { ipc::queue_close(q.header()); },
              "Wakes every waiter; every later call raises appo_ipc.Closed.")
         .def_property_readonly("closed", [](const Queue& q) { return q.header()->closed != 0; })

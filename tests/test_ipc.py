@@ -411,3 +411,43 @@ def test_timeouts_are_none_or_non_negative_and_sizes_are_checked():
         q.get_many(max_messages=0)
     with pytest.raises(ValueError, match="max_size_bytes"):
         appo_ipc.Queue(2**64 - 1)
+
+
+def explode_on_load():
+    raise RuntimeError("this message cannot be loaded")
+
+
+class LoadsBadly:
+    def __reduce__(self):
+        return explode_on_load, ()
+
+
+class PutsWhilePickled:
+    """Pickling it puts another message on the same queue, in the same thread."""
+
+    def __init__(self, q):
+        self.q = q
+
+    def __reduce__(self):
+        self.q.put(("nested", 1))
+        return str, ("outer",)
+
+
+def test_a_message_that_cannot_be_unpickled_loses_only_itself():
+    """get_many used to drop its whole batch when one message raised in pickle.loads."""
+    q = appo_ipc.Queue()
+    q.put((1,))
+    q.put(LoadsBadly())
+    q.put((2,))
+    q.put((3,))
+    assert q.get_many() == [(1,)]  # the ones before it
+    with pytest.raises(RuntimeError, match="cannot be loaded"):
+        q.get_many()  # then its own error, once
+    assert q.qsize() == 2
+    assert q.get_many(max_messages=1) == [(2,)] and q.get_many() == [(3,)]  # and the ones after it
+
+
+def test_a_put_from_inside_pickling_does_not_tear_the_outer_message():
+    q = appo_ipc.Queue()
+    q.put(PutsWhilePickled(q))
+    assert q.get_many() == [("nested", 1), "outer"]  # the nested put finished first; both whole
