@@ -197,6 +197,7 @@ struct Queue : Shared {
 
     py::list get_many(size_t max_messages, bool block, std::optional<double> timeout) {
         if (max_messages == 0) throw py::value_error("max_messages must be at least 1");
+        py::list messages;
         if (undelivered.empty()) {
             thread_local std::vector<char> buffer;
             if (buffer.size() < header()->capacity) buffer.resize(header()->capacity);
@@ -206,19 +207,23 @@ struct Queue : Shared {
                                       &num, &bytes);
             });
             check_result(rc, 0, queue_empty_type);
-            // Copied out before any unpickling, which can run Python code that gets again and
-            // would overwrite the thread_local buffer.
+            // Tuples of ints decode straight from the buffer (the hot path). From the first pickle
+            // on, messages are copied out first: unpickling can run Python code that gets again
+            // and would overwrite the thread_local buffer.
             size_t offset = 0;
             for (size_t i = 0; i < num; i++) {
                 uint32_t size;
                 memcpy(&size, buffer.data() + offset, sizeof(size));
-                undelivered.emplace_back(buffer.data() + offset + sizeof(size), size);
+                const char* data = buffer.data() + offset + sizeof(size);
+                if (undelivered.empty() && size >= 1 && data[0] == TAG_INTS)
+                    messages.append(decode(data, size));
+                else
+                    undelivered.emplace_back(data, size);
                 offset += sizeof(size) + size;
             }
         }
         // A message that cannot be unpickled raises once and is dropped. Those decoded before it
         // are returned first, and those after it stay for the next call, so no good message is lost.
-        py::list messages;
         while (!undelivered.empty() && messages.size() < max_messages) {
             py::object message;
             try {
