@@ -63,10 +63,13 @@ SUITE = {
 }
 SEEDS = {"doom": (3, 2), "atari": (2, 1)}
 # The system configuration both trainers share. The rollout is each family's in Sample Factory's
-# published configuration (its cfg.py default 32; atari_params.py 128).
+# published configuration (its cfg.py default 32; atari_params.py 128). Atari runs 8 envs, as
+# atari_params.py does (8 workers x 1 env): its defaults train synchronously (async_rl False), which
+# needs the envs' rollouts (envs x 128) to divide the samples of one training iteration (4 x 256);
+# with 16 envs Sample Factory refuses to start.
 SYSTEM = {
     "doom": {"num_workers": 2, "num_envs_per_worker": 8, "worker_num_splits": 2, "rollout": 32},
-    "atari": {"num_workers": 2, "num_envs_per_worker": 8, "worker_num_splits": 2, "rollout": 128},
+    "atari": {"num_workers": 2, "num_envs_per_worker": 4, "worker_num_splits": 2, "rollout": 128},
 }
 # Sample Factory's launchers (scripts/setup_sample_factory.sh installs the two sf_train_* modules).
 SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
