@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -1153,8 +1153,8 @@ class Shared:
     slots: RolloutSlots
     weights: list[SharedWeights]           # per policy
     hyperparams: PolicyHyperparams         # per policy; population-based training changes them
-    request_queues: list[appo_ipc.Queue]   # per policy: (worker, split, slot, step) to act on
-    learner_queues: list[appo_ipc.Queue]   # per policy: (slot,) of finished trajectories
+    request_queues: list[appo_ipc.Queue]   # per policy: (worker, split, split generation, slot, step) to act on
+    learner_queues: list[appo_ipc.Queue]   # per policy: (slot, slot generation, worker) of finished trajectories
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
 
@@ -1374,11 +1374,14 @@ class RolloutWorker:
         return True
 
     def request_actions(self, split: int):
+        """Asks for the split's actions in a new generation: an answer to an earlier request of this
+        split (one lost with its policy worker and asked again) no longer counts."""
         actors = self.split_actors[split]
-        self.slots.control.set_pending(self.worker_id, split, len(actors))
+        generation = self.slots.control.set_pending(self.worker_id, split, len(actors))
         by_policy = {}
         for actor in actors:
-            by_policy.setdefault(actor.policy_id, []).append((self.worker_id, split, actor.slot, actor.step))
+            by_policy.setdefault(actor.policy_id, []).append(
+                (self.worker_id, split, generation, actor.slot, actor.step))
         for policy_id, requests in by_policy.items():
             self.shared.request_queues[policy_id].put_many(requests)
 
@@ -1406,12 +1409,17 @@ class RolloutWorker:
             self.arrays["valid"][full_slot] = 1.0
             actor.step = 0
             return True
-        self.slots.control.set_owner(full_slot, learner_owner(self.cfg, actor.policy_id))
-        self.shared.learner_queues[actor.policy_id].put((full_slot,))
+        # The next slot starts from a copy: once handed off, the full slot may be trained on, freed
+        # and taken by another worker while this one still waits for a free slot.
+        carried = {key: self.arrays[key][full_slot, last_step].copy() for key in self.obs_keys + ["rnn_state"]}
+        # The slot stays this worker's until the learner takes it (Learner.claim): a death at any
+        # line here leaves it either reclaimable by the runner or on its way to the learner.
+        self.shared.learner_queues[actor.policy_id].put(
+            (full_slot, self.slots.control.generation(full_slot), self.worker_id))
         if not self.start_slot(actor):
             return False
-        for key in self.obs_keys + ["rnn_state"]:
-            self.arrays[key][actor.slot, 0] = self.arrays[key][full_slot, last_step]
+        for key, value in carried.items():
+            self.arrays[key][actor.slot, 0] = value
         return True
 
     def step_split(self, split: int) -> bool:
@@ -1522,7 +1530,8 @@ class RolloutWorker:
 
     def resend_lost_requests(self):
         """After a policy worker restart the requests it had taken are lost: ask again for every
-        split still waiting (the runner emptied the request queues first, so none is answered twice)."""
+        split still waiting, in a new generation, so that a copy answered late (by a policy worker
+        that had taken it before the runner emptied the queues) counts for nothing."""
         epoch = int(self.shared.run.resend_epoch[0])
         if epoch == self.resend_epoch:
             return
@@ -1560,9 +1569,9 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
 # =============================================================================================
 
 class PolicyWorker:
-    """Batched inference for one policy: acts on (worker, split, slot, step) requests by reading
-    the observations and RNN states in the slots and writing actions, log-probs, values and next
-    states back, then tells each split how many of its actors got their actions."""
+    """Batched inference for one policy: acts on (worker, split, generation, slot, step) requests
+    by reading the observations and RNN states in the slots and writing actions, log-probs, values
+    and next states back, then tells each split how many of its actors got their actions."""
 
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
         self.device = torch.device(cfg.device)
@@ -1578,26 +1587,36 @@ class PolicyWorker:
             if loaded is not None:
                 self.version = loaded
 
-    def act_on(self, requests: list[tuple[int, int, int, int]]):
-        # a rollout worker that died after asking no longer owns its slots (the runner reclaimed them)
-        requests = [request for request in requests if self.control.owner(request[2]) == request[0]]
+    def current(self, requests: list[tuple[int, int, int, int, int]]) -> list[bool]:
+        """Which requests still stand: their worker owns the slot (one that died no longer does:
+        the runner reclaimed its slots) and has not asked for that split again since."""
+        return [self.control.owner(slot) == worker and self.control.split_generation(worker, split) == generation
+                for worker, split, generation, slot, _ in requests]
+
+    def act_on(self, requests: list[tuple[int, int, int, int, int]]):
+        requests = [request for request, standing in zip(requests, self.current(requests)) if standing]
         if not requests:
             return
         tensors, device = self.tensors, self.device
-        index = torch.as_tensor(requests, dtype=torch.long)
-        slot_ids, steps = index[:, 2], index[:, 3]
+        obs_index = torch.as_tensor([(slot, step) for *_, slot, step in requests], dtype=torch.long)
+        slot_ids, steps = obs_index[:, 0], obs_index[:, 1]
         obs = {key: tensors[key][slot_ids, steps].to(device) for key in self.obs_keys}
-        actions, log_probs, values, next_state = act(self.model, obs, tensors["rnn_state"][slot_ids, steps].to(device))
-        tensors["actions"][slot_ids, steps] = actions.cpu()
-        tensors["log_prob"][slot_ids, steps] = log_probs.cpu()
-        tensors["value"][slot_ids, steps] = values.cpu()
+        outputs = [t.cpu() for t in act(self.model, obs, tensors["rnn_state"][slot_ids, steps].to(device))]
+        # Checked again just before writing: a request that went stale during inference must not
+        # overwrite what its split's new answer wrote (that window stays, a few instructions wide).
+        standing = self.current(requests)
+        if not all(standing):
+            keep = torch.as_tensor(standing)
+            requests = [request for request, kept in zip(requests, standing) if kept]
+            slot_ids, steps, outputs = slot_ids[keep], steps[keep], [t[keep] for t in outputs]
+        actions, log_probs, values, next_state = outputs
+        tensors["actions"][slot_ids, steps] = actions
+        tensors["log_prob"][slot_ids, steps] = log_probs
+        tensors["value"][slot_ids, steps] = values
         tensors["policy_version"][slot_ids, steps] = self.version
-        tensors["rnn_state"][slot_ids, steps + 1] = next_state.cpu()
-        answered = {}
-        for worker, split, _, _ in requests:
-            answered[(worker, split)] = answered.get((worker, split), 0) + 1
-        for (worker, split), count in answered.items():
-            self.control.complete(worker, split, count)
+        tensors["rnn_state"][slot_ids, steps + 1] = next_state
+        for (worker, split, generation), count in Counter(request[:3] for request in requests).items():
+            self.control.complete(worker, split, generation, count)
 
 
 def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
@@ -1819,30 +1838,42 @@ class Learner:
         and held a batch while blocked, doom_basic at 2x8 envs trained 5-7 versions behind). The
         price is the copy, a few milliseconds a batch, on the learner's critical path.
         """
-        slots, learner_queue = self.shared.slots, self.shared.learner_queues[self.policy_id]
+        learner_queue = self.shared.learner_queues[self.policy_id]
         pending = []
-        while self.batching():
-            try:
-                messages = learner_queue.get_many(max_messages=self.slots_per_batch - len(pending), timeout=0.5)
-            except queue.Empty:
-                continue
-            except appo_ipc.Closed:
-                return
-            pending += [message[0] for message in messages]
-            if len(pending) < self.slots_per_batch:
-                continue
-            while self.batching() and not self.learner_waiting.wait(timeout=0.5):
-                pass
-            if not self.batching():
-                return
-            batch, pending = self.take_batch(pending), []
-            self.learner_waiting.clear()
-            while self.batching():  # the learner is waiting on the empty queue, unless its wait just timed out
+        try:
+            while self.batching():
                 try:
-                    self.batches.put(batch, timeout=0.5)
-                    break
-                except queue.Full:
+                    messages = learner_queue.get_many(max_messages=self.slots_per_batch - len(pending), timeout=0.5)
+                except queue.Empty:
                     continue
+                except appo_ipc.Closed:
+                    return
+                pending += self.claim(messages)
+                if len(pending) < self.slots_per_batch:
+                    continue
+                while self.batching() and not self.learner_waiting.wait(timeout=0.5):
+                    pass
+                if not self.batching():
+                    return
+                batch, pending = self.take_batch(pending), []
+                self.learner_waiting.clear()
+                while self.batching():  # the learner is waiting on the empty queue, unless its wait just timed out
+                    try:
+                        self.batches.put(batch, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+        finally:  # at the end every slot is free or with a rollout worker (scripts/chaos.py counts them)
+            if pending:
+                self.shared.slots.control.release(pending)
+
+    def claim(self, handed_off: list[tuple[int, int, int]]) -> list[int]:
+        """Takes the slots that rollout workers handed off, each from the worker that sent it and in
+        the life it was sent in: a slot whose worker died since was reclaimed (and maybe taken
+        again) by the runner, and is skipped."""
+        control, owner = self.shared.slots.control, learner_owner(self.cfg, self.policy_id)
+        return [slot for slot, generation, worker in handed_off
+                if control.transfer(slot, worker, generation, owner)]
 
     def take_batch(self, slot_indices: list[int]) -> dict[str, torch.Tensor]:
         """Copies the slots' trajectories out (to the GPU if there is one) and frees the slots."""
@@ -2221,15 +2252,16 @@ class Supervisor:
         its slots stay its own: freed, they could be written by two processes)."""
         if not stop_child(child):
             return False
-        if child.kind == "rollout worker":
+        self.num_restarts += 1
+        if child.kind == "rollout worker":  # nothing answered or handed off for the dead process counts
             self.shared.slots.control.reclaim(child.worker_id)
+            self.shared.slots.control.reset_splits(child.worker_id)
         else:  # the requests it had taken are lost: empty the queues, then every worker asks again
             for request_queue in self.shared.request_queues:
                 drain(request_queue)
             self.shared.run.resend_epoch[0] += 1
         child.start(self.context, self.shared.run)
         return True
-        self.num_restarts += 1
 
 
 class SerialRun:
@@ -2271,7 +2303,7 @@ class SerialRun:
         for component, busy_s in (("inference", acted - started), ("env", time.perf_counter() - acted)):
             self.shared.stats_queue.put({"type": "timing", "component": component, "busy_s": busy_s})
         for learner, pending in zip(self.learners, self.pending):
-            pending += [message[0] for message in drain(self.shared.learner_queues[learner.policy_id])]
+            pending += learner.claim(drain(self.shared.learner_queues[learner.policy_id]))
             while len(pending) >= learner.slots_per_batch:
                 learner.train_and_report(learner.take_batch(pending[:learner.slots_per_batch]))
                 del pending[:learner.slots_per_batch]
@@ -2651,8 +2683,10 @@ class StopRequested(Exception):
     pass
 
 
-def train(cfg) -> int:
-    """Runs a whole training; returns the process exit code."""
+def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun"], None] | None = None) -> int:
+    """Runs a whole training; returns the process exit code. `watch`, if given, is called every
+    round of the runner's loop with the shared state and the workers (scripts/chaos.py kills
+    processes from there and checks that the run recovers)."""
     if cfg.serial_mode:  # before any weights are drawn: the thread count can change their last bits
         torch.set_num_threads(cfg.learner_threads)
     torch.manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**31))
@@ -2704,6 +2738,8 @@ def train(cfg) -> int:
                 exit_code = 1
                 break
             stats.restarts = workers.num_restarts
+            if watch is not None:
+                watch(shared, workers)
             if population is not None:
                 population.step(stats, shared)
             if past_policy_id(cfg) is not None and now >= next_past_opponent:

@@ -5,9 +5,12 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,6 +50,23 @@ static void futex_wake_all(uint32_t* word) {
     syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// Bumps a futex word and wakes everyone sleeping on it. Atomic, because close() bumps the same
+// words without the lock (a plain ++ under the lock could lose its increment).
+static void bump_and_wake(uint32_t* word) {
+    __atomic_add_fetch(word, 1, __ATOMIC_SEQ_CST);
+    futex_wake_all(word);
+}
+
+static uint32_t load_seq(uint32_t* word) { return __atomic_load_n(word, __ATOMIC_SEQ_CST); }
+
+static int armed_crash_point = CRASH_NONE;  // this process only
+
+void crash_point_arm(int point) { __atomic_store_n(&armed_crash_point, point, __ATOMIC_SEQ_CST); }
+
+static inline void crash_point(int point) {
+    if (__builtin_expect(__atomic_load_n(&armed_crash_point, __ATOMIC_RELAXED) == point, 0)) raise(SIGKILL);
+}
+
 static int robust_mutex_init(pthread_mutex_t* mutex) {
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
@@ -59,7 +79,7 @@ static int robust_mutex_init(pthread_mutex_t* mutex) {
 
 // Locks (TRY: at once or BUSY; WAIT: until the deadline, deadline < 0 for ever). If the previous
 // holder died inside its critical section, `repair` makes the protected state consistent again
-// before anyone else sees it.
+// before anyone else sees it (and wakes every sleeper: the dead holder may have owed a wake-up).
 template <typename Header>
 static int lock(Header* header, void (*repair)(Header*), LockMode mode = WAIT, double deadline = -1) {
     int rc;
@@ -91,7 +111,10 @@ static void unlock(Header* header) {
 // ---------------------------------------------------------------------------------------------
 // Segment
 
-int segment_create(Segment* seg, size_t size, const char* debug_name) {
+int segment_create(Segment* seg, size_t data_size, uint32_t kind, const char* debug_name) {
+    size_t size = SEGMENT_DATA_OFFSET + data_size;
+    uint64_t token = 0;
+    if (getrandom(&token, sizeof(token), 0) != (ssize_t)sizeof(token)) return SYS_ERROR;
     int fd = memfd_create(debug_name, MFD_CLOEXEC);
     if (fd < 0) return SYS_ERROR;
     if (ftruncate(fd, (off_t)size) != 0) {
@@ -103,6 +126,11 @@ int segment_create(Segment* seg, size_t size, const char* debug_name) {
         close(fd);
         return SYS_ERROR;
     }
+    SegmentHeader* header = (SegmentHeader*)addr;
+    header->magic = SEGMENT_MAGIC;
+    header->kind = kind;
+    header->size = size;
+    header->token = token;
     seg->addr = addr;
     seg->size = size;
     seg->fd = fd;
@@ -110,15 +138,28 @@ int segment_create(Segment* seg, size_t size, const char* debug_name) {
     return OK;
 }
 
-int segment_attach(Segment* seg, pid_t owner_pid, int owner_fd, size_t size) {
+int segment_attach(Segment* seg, pid_t owner_pid, int owner_fd, uint32_t kind, size_t size, uint64_t token) {
     char path[64];
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)owner_pid, owner_fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) return SYS_ERROR;
+    // The fd number may now name another file (the object was freed and the number reused):
+    // check the size before mapping (a shorter file would SIGBUS) and the header after.
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != size || size < SEGMENT_DATA_OFFSET) {
+        close(fd);
+        return STALE;
+    }
     void* addr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (addr == MAP_FAILED) {
         close(fd);
         return SYS_ERROR;
+    }
+    const SegmentHeader* header = (const SegmentHeader*)addr;
+    if (header->magic != SEGMENT_MAGIC || header->kind != kind || header->size != size || header->token != token) {
+        munmap(addr, size);
+        close(fd);
+        return STALE;
     }
     seg->addr = addr;
     seg->size = size;
@@ -155,21 +196,45 @@ static void ring_read(QueueHeader* q, uint64_t offset, char* dst, uint64_t n) {
 // state or the new one, never a mix. Message bytes are written before the journal entry.
 static void commit(QueueHeader* q, RingState next) {
     q->pending = next;
+    crash_point(CRASH_COMMIT_AFTER_JOURNAL);
     __atomic_store_n(&q->pending_valid, 1, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_RELEASE);
+    crash_point(CRASH_COMMIT_AFTER_VALID);
     q->state = next;
+    crash_point(CRASH_COMMIT_AFTER_STATE);
     __atomic_store_n(&q->pending_valid, 0, __ATOMIC_RELEASE);
 }
 
+// Replays the journal. The release store keeps the compiler and the CPU from clearing the journal
+// before the state is written (with plain stores GCC -O2 cleared it first, so a recoverer killed
+// in between left a torn state for the next one): a recoverer that dies here is itself recovered.
 static void queue_repair(QueueHeader* q) {
-    if (q->pending_valid) {
+    if (__atomic_load_n(&q->pending_valid, __ATOMIC_ACQUIRE)) {
         q->state = q->pending;
-        q->pending_valid = 0;
+        crash_point(CRASH_REPAIR_AFTER_STATE);
+        __atomic_store_n(&q->pending_valid, 0, __ATOMIC_RELEASE);
     }
     q->recoveries++;
+    bump_and_wake(&q->not_empty_seq);
+    bump_and_wake(&q->not_full_seq);
 }
 
 size_t queue_segment_size(size_t capacity) { return sizeof(QueueHeader) + capacity; }
+
+// The wait shared by put, get and acquire, entered with the lock held and the condition false:
+// counts itself as a sleeper, sleeps until `seq` moves on from `seen` (read under the lock
+// before the condition was checked, so a close() or a wake-up after that check is never missed)
+// or the deadline, and takes the lock again (by the same deadline). OK with the lock held, else
+// the status, without it.
+template <typename Header>
+static int sleep_unlocked(Header* header, void (*repair)(Header*), uint32_t* seq, uint32_t seen,
+                          uint32_t* waiting, double deadline) {
+    __atomic_add_fetch(waiting, 1, __ATOMIC_SEQ_CST);
+    unlock(header);
+    futex_wait(seq, seen, deadline);
+    __atomic_sub_fetch(waiting, 1, __ATOMIC_SEQ_CST);
+    return lock(header, repair, WAIT, deadline);
+}
 
 int queue_init(void* addr, size_t capacity) {
     QueueHeader* q = (QueueHeader*)addr;
@@ -183,11 +248,12 @@ int queue_put(QueueHeader* q, const char* data, const uint32_t* sizes, size_t nu
     uint64_t total = 0;
     for (size_t i = 0; i < num; i++) total += sizeof(uint32_t) + sizes[i];
     if (total > q->capacity) return TOO_BIG;
-    double deadline = block ? deadline_after(timeout) : -1;
+    double deadline = deadline_after(timeout);
     int rc = lock(q, queue_repair, mode, deadline);
     if (rc != OK) return rc;
     for (;;) {
-        if (q->closed) {
+        uint32_t seen = load_seq(&q->not_full_seq);
+        if (__atomic_load_n(&q->closed, __ATOMIC_SEQ_CST)) {
             unlock(q);
             return CLOSED;
         }
@@ -196,12 +262,8 @@ int queue_put(QueueHeader* q, const char* data, const uint32_t* sizes, size_t nu
             unlock(q);
             return block ? TIMEOUT : FULL;
         }
-        uint32_t seen = q->not_full_seq;
-        q->waiting_putters++;
-        unlock(q);
-        futex_wait(&q->not_full_seq, seen, deadline);
-        if (lock(q, queue_repair) != OK) return SYS_ERROR;  // short: holders never sleep in it
-        q->waiting_putters--;
+        rc = sleep_unlocked(q, queue_repair, &q->not_full_seq, seen, &q->waiting_putters, deadline);
+        if (rc != OK) return rc;
     }
     RingState next = q->state;
     uint64_t tail = (next.head + next.used) % q->capacity;
@@ -212,11 +274,12 @@ int queue_put(QueueHeader* q, const char* data, const uint32_t* sizes, size_t nu
         tail = (tail + sizes[i]) % q->capacity;
         data += sizes[i];
     }
+    crash_point(CRASH_PUT_AFTER_BYTES);
     next.used += total;
     next.count += num;
     commit(q, next);
-    bool wake = q->waiting_getters > 0;
-    if (wake) q->not_empty_seq++;
+    bool wake = __atomic_load_n(&q->waiting_getters, __ATOMIC_SEQ_CST) > 0;
+    if (wake) __atomic_add_fetch(&q->not_empty_seq, 1, __ATOMIC_SEQ_CST);
     unlock(q);
     if (wake) futex_wake_all(&q->not_empty_seq);
     return OK;
@@ -226,11 +289,12 @@ int queue_get(QueueHeader* q, char* out, size_t out_capacity, size_t max_message
               double timeout, LockMode mode, size_t* num_taken, size_t* bytes_taken) {
     *num_taken = 0;
     *bytes_taken = 0;
-    double deadline = block ? deadline_after(timeout) : -1;
+    double deadline = deadline_after(timeout);
     int rc = lock(q, queue_repair, mode, deadline);
     if (rc != OK) return rc;
     for (;;) {
-        if (q->closed) {
+        uint32_t seen = load_seq(&q->not_empty_seq);
+        if (__atomic_load_n(&q->closed, __ATOMIC_SEQ_CST)) {
             unlock(q);
             return CLOSED;
         }
@@ -239,12 +303,8 @@ int queue_get(QueueHeader* q, char* out, size_t out_capacity, size_t max_message
             unlock(q);
             return block ? TIMEOUT : EMPTY;
         }
-        uint32_t seen = q->not_empty_seq;
-        q->waiting_getters++;
-        unlock(q);
-        futex_wait(&q->not_empty_seq, seen, deadline);
-        if (lock(q, queue_repair) != OK) return SYS_ERROR;
-        q->waiting_getters--;
+        rc = sleep_unlocked(q, queue_repair, &q->not_empty_seq, seen, &q->waiting_getters, deadline);
+        if (rc != OK) return rc;
     }
     RingState next = q->state;
     size_t written = 0, taken = 0;
@@ -265,8 +325,8 @@ int queue_get(QueueHeader* q, char* out, size_t out_capacity, size_t max_message
         return TOO_BIG;
     }
     commit(q, next);
-    bool wake = q->waiting_putters > 0;
-    if (wake) q->not_full_seq++;
+    bool wake = __atomic_load_n(&q->waiting_putters, __ATOMIC_SEQ_CST) > 0;
+    if (wake) __atomic_add_fetch(&q->not_full_seq, 1, __ATOMIC_SEQ_CST);
     unlock(q);
     if (wake) futex_wake_all(&q->not_full_seq);
     *num_taken = taken;
@@ -274,29 +334,38 @@ int queue_get(QueueHeader* q, char* out, size_t out_capacity, size_t max_message
     return OK;
 }
 
+// No lock: close() must work while a dead or frozen process holds it. A waiter reads the seq
+// before `closed`, so it either sees closed or sleeps on a seq that this bump has moved on.
 void queue_close(QueueHeader* q) {
     __atomic_store_n(&q->closed, 1, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&q->not_empty_seq, 1, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&q->not_full_seq, 1, __ATOMIC_SEQ_CST);
-    futex_wake_all(&q->not_empty_seq);
-    futex_wake_all(&q->not_full_seq);
+    bump_and_wake(&q->not_empty_seq);
+    bump_and_wake(&q->not_full_seq);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Slot control
 
-static int32_t* free_stack(SlotsHeader* s) { return (int32_t*)(s + 1); }
-static int32_t* owners(SlotsHeader* s) { return free_stack(s) + s->num_slots; }
-static int32_t* pending(SlotsHeader* s) { return owners(s) + s->num_slots; }
-static uint32_t* wake_seq(SlotsHeader* s) {
-    return (uint32_t*)(pending(s) + s->num_workers * s->num_splits);
+// A split's state in one 64-bit word, so that an answer's generation check and its count
+// update are one compare-and-swap: the generation in the high half, the requests still waiting
+// in the low half (SPLIT_IDLE while the rollout worker holds the split).
+const uint32_t SPLIT_IDLE = 0xffffffffu;
+static uint64_t split_word(uint32_t generation, uint32_t count) { return (uint64_t)generation << 32 | count; }
+static uint32_t word_generation(uint64_t word) { return (uint32_t)(word >> 32); }
+static uint32_t word_count(uint64_t word) { return (uint32_t)word; }
+
+static uint64_t* split_state(SlotsHeader* s) { return (uint64_t*)(s + 1); }
+static int32_t* free_stack(SlotsHeader* s) {
+    return (int32_t*)(split_state(s) + (size_t)s->num_workers * s->num_splits);
 }
+static int32_t* owners(SlotsHeader* s) { return free_stack(s) + s->num_slots; }
+static uint32_t* slot_generation(SlotsHeader* s) { return (uint32_t*)(owners(s) + s->num_slots); }
+static uint32_t* wake_seq(SlotsHeader* s) { return slot_generation(s) + s->num_slots; }
 static uint32_t* sleeping(SlotsHeader* s) { return wake_seq(s) + s->num_workers; }
 
 size_t slots_segment_size(uint32_t num_slots, uint32_t num_workers, uint32_t num_splits) {
-    return sizeof(SlotsHeader) + sizeof(int32_t) * (2 * (size_t)num_slots) +
-           sizeof(int32_t) * (size_t)num_workers * num_splits +
-           sizeof(uint32_t) * 2 * (size_t)num_workers;
+    static_assert(sizeof(SlotsHeader) % 8 == 0, "split_state must be 8-byte aligned");
+    return sizeof(SlotsHeader) + sizeof(uint64_t) * (size_t)num_workers * num_splits +
+           sizeof(int32_t) * 3 * (size_t)num_slots + sizeof(uint32_t) * 2 * (size_t)num_workers;
 }
 
 // The owner table is the truth; the free stack is rebuilt from it after a holder died.
@@ -306,6 +375,7 @@ static void slots_repair(SlotsHeader* s) {
         if (owners(s)[slot] == FREE) free_stack(s)[count++] = (int32_t)slot;
     s->free_count = count;
     s->recoveries++;
+    bump_and_wake(&s->free_seq);
 }
 
 int slots_init(void* addr, uint32_t num_slots, uint32_t num_workers, uint32_t num_splits) {
@@ -320,17 +390,18 @@ int slots_init(void* addr, uint32_t num_slots, uint32_t num_workers, uint32_t nu
         owners(s)[slot] = FREE;
     }
     s->free_count = num_slots;
-    for (uint32_t i = 0; i < num_workers * num_splits; i++) pending(s)[i] = IDLE;
+    for (uint32_t i = 0; i < num_workers * num_splits; i++) split_state(s)[i] = split_word(0, SPLIT_IDLE);
     return robust_mutex_init(&s->mutex);
 }
 
 int slots_acquire(SlotsHeader* s, int32_t owner, bool block, double timeout, LockMode mode,
                   int32_t* slot) {
-    double deadline = block ? deadline_after(timeout) : -1;
+    double deadline = deadline_after(timeout);
     int rc = lock(s, slots_repair, mode, deadline);
     if (rc != OK) return rc;
     for (;;) {
-        if (s->closed) {
+        uint32_t seen = load_seq(&s->free_seq);
+        if (__atomic_load_n(&s->closed, __ATOMIC_SEQ_CST)) {
             unlock(s);
             return CLOSED;
         }
@@ -339,33 +410,44 @@ int slots_acquire(SlotsHeader* s, int32_t owner, bool block, double timeout, Loc
             unlock(s);
             return block ? TIMEOUT : EMPTY;
         }
-        uint32_t seen = s->free_seq;
-        s->waiting++;
-        unlock(s);
-        futex_wait(&s->free_seq, seen, deadline);
-        if (lock(s, slots_repair) != OK) return SYS_ERROR;
-        s->waiting--;
+        rc = sleep_unlocked(s, slots_repair, &s->free_seq, seen, &s->waiting, deadline);
+        if (rc != OK) return rc;
     }
     int32_t taken = free_stack(s)[s->free_count - 1];
-    owners(s)[taken] = owner;  // owner first: repair then leaves the slot off the free stack
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    s->free_count--;
+    slot_generation(s)[taken]++;
+    // Owner first: a death before the count goes down leaves the slot owned by the dead worker,
+    // which reclaim returns, and repair leaves off the free stack.
+    __atomic_store_n(&owners(s)[taken], owner, __ATOMIC_RELEASE);
+    crash_point(CRASH_ACQUIRE_AFTER_OWNER);
+    __atomic_store_n(&s->free_count, s->free_count - 1, __ATOMIC_RELEASE);
     unlock(s);
     *slot = taken;
     return OK;
 }
 
-static void wake_acquirers(SlotsHeader* s, bool wake) {
-    if (wake) futex_wake_all(&s->free_seq);
+// After slots went back on the stack, under the lock: wakes acquirers once it is released.
+static bool note_freed(SlotsHeader* s) {
+    bool wake = __atomic_load_n(&s->waiting, __ATOMIC_SEQ_CST) > 0;
+    if (wake) __atomic_add_fetch(&s->free_seq, 1, __ATOMIC_SEQ_CST);
+    return wake;
 }
 
-int slots_release(SlotsHeader* s, const int32_t* slots, size_t num) {
+// Pushes a slot marked FREE. The bound keeps a corrupted owner table from overrunning the stack.
+static void push_free(SlotsHeader* s, int32_t slot) {
+    if (s->free_count >= s->num_slots) return;
+    free_stack(s)[s->free_count] = slot;
+    __atomic_store_n(&s->free_count, s->free_count + 1, __ATOMIC_RELEASE);
+}
+
+int slots_release(SlotsHeader* s, const int32_t* slots, size_t num, double timeout, LockMode mode) {
     for (size_t i = 0; i < num; i++)
         if (slots[i] < 0 || (uint32_t)slots[i] >= s->num_slots) return TOO_BIG;
-    if (lock(s, slots_repair) != OK) return SYS_ERROR;
+    int rc = lock(s, slots_repair, mode, deadline_after(timeout));
+    if (rc != OK) return rc;
     // Each slot is marked free as it is checked, so a slot listed twice fails its second check
     // (pushed twice, it would go to two owners, and past num_slots the stack overruns owners[]).
-    // On failure the marks are undone and nothing is pushed.
+    // On failure the marks are undone and nothing is pushed. A death after the marks leaves slots
+    // FREE and off the stack, which repair rebuilds from the owner table.
     std::vector<int32_t> previous_owners(num);
     for (size_t i = 0; i < num; i++) {
         previous_owners[i] = owners(s)[slots[i]];
@@ -374,95 +456,128 @@ int slots_release(SlotsHeader* s, const int32_t* slots, size_t num) {
             unlock(s);
             return FULL;
         }
-        owners(s)[slots[i]] = FREE;
+        __atomic_store_n(&owners(s)[slots[i]], FREE, __ATOMIC_RELEASE);
     }
-    __atomic_thread_fence(__ATOMIC_RELEASE);
+    crash_point(CRASH_RELEASE_AFTER_MARKS);
     for (size_t i = 0; i < num; i++) {
-        free_stack(s)[s->free_count] = slots[i];
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        s->free_count++;
+        push_free(s, slots[i]);
+        crash_point(CRASH_RELEASE_AFTER_PUSH);
     }
-    bool wake = s->waiting > 0;
-    if (wake) s->free_seq++;
+    bool wake = note_freed(s);
     unlock(s);
-    wake_acquirers(s, wake);
+    if (wake) futex_wake_all(&s->free_seq);
     return OK;
 }
 
-int slots_set_owner(SlotsHeader* s, int32_t slot, int32_t owner) {
+int slots_transfer(SlotsHeader* s, int32_t slot, int32_t from, uint32_t generation, int32_t to,
+                   double timeout, LockMode mode) {
     if (slot < 0 || (uint32_t)slot >= s->num_slots) return TOO_BIG;
-    if (owner < 0) return FULL;
-    // Only a taken slot changes hands: a free one given an owner would stay on the free stack too.
-    int32_t current = __atomic_load_n(&owners(s)[slot], __ATOMIC_ACQUIRE);
-    do {
-        if (current == FREE) return EMPTY;
-    } while (!__atomic_compare_exchange_n(&owners(s)[slot], &current, owner, false, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_ACQUIRE));
-    return OK;
+    if (from < 0 || to < 0) return FULL;
+    // Under the lock: reclaim and release read the owner and push the slot in one critical
+    // section, which a compare-and-swap from outside could land in the middle of.
+    int rc = lock(s, slots_repair, mode, deadline_after(timeout));
+    if (rc != OK) return rc;
+    bool current = owners(s)[slot] == from && slot_generation(s)[slot] == generation;
+    if (current) __atomic_store_n(&owners(s)[slot], to, __ATOMIC_RELEASE);
+    unlock(s);
+    return current ? OK : STALE;
 }
 
 int32_t slots_owner(SlotsHeader* s, int32_t slot) {
     return __atomic_load_n(&owners(s)[slot], __ATOMIC_ACQUIRE);
 }
 
+uint32_t slots_generation(SlotsHeader* s, int32_t slot) {
+    return __atomic_load_n(&slot_generation(s)[slot], __ATOMIC_ACQUIRE);
+}
+
 uint32_t slots_free_count(SlotsHeader* s) { return __atomic_load_n(&s->free_count, __ATOMIC_ACQUIRE); }
 
-size_t slots_reclaim(SlotsHeader* s, int32_t owner) {
-    if (owner < 0) return 0;  // FREE: the free slots would be pushed a second time
-    if (lock(s, slots_repair) != OK) return 0;
-    size_t reclaimed = 0;
+int slots_reclaim(SlotsHeader* s, int32_t owner, double timeout, LockMode mode, size_t* num_reclaimed) {
+    *num_reclaimed = 0;
+    if (owner < 0) return FULL;  // FREE: the free slots would be pushed a second time
+    int rc = lock(s, slots_repair, mode, deadline_after(timeout));
+    if (rc != OK) return rc;
     for (uint32_t slot = 0; slot < s->num_slots; slot++) {
         if (owners(s)[slot] != owner) continue;
-        free_stack(s)[s->free_count] = (int32_t)slot;
-        owners(s)[slot] = FREE;
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-        s->free_count++;
-        reclaimed++;
+        __atomic_store_n(&owners(s)[slot], FREE, __ATOMIC_RELEASE);
+        push_free(s, (int32_t)slot);
+        crash_point(CRASH_RECLAIM_AFTER_PUSH);
+        (*num_reclaimed)++;
     }
-    bool wake = reclaimed > 0 && s->waiting > 0;
-    if (wake) s->free_seq++;
+    bool wake = *num_reclaimed > 0 && note_freed(s);
     unlock(s);
-    wake_acquirers(s, wake);
-    return reclaimed;
+    if (wake) futex_wake_all(&s->free_seq);
+    return OK;
 }
 
 void slots_close(SlotsHeader* s) {
     __atomic_store_n(&s->closed, 1, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&s->free_seq, 1, __ATOMIC_SEQ_CST);
-    futex_wake_all(&s->free_seq);
-    for (uint32_t w = 0; w < s->num_workers; w++) {
-        __atomic_add_fetch(&wake_seq(s)[w], 1, __ATOMIC_SEQ_CST);
-        futex_wake_all(&wake_seq(s)[w]);
-    }
+    bump_and_wake(&s->free_seq);
+    for (uint32_t w = 0; w < s->num_workers; w++) bump_and_wake(&wake_seq(s)[w]);
 }
 
-void split_set_pending(SlotsHeader* s, uint32_t worker, uint32_t split, int32_t num_requests) {
-    __atomic_store_n(&pending(s)[worker * s->num_splits + split], num_requests, __ATOMIC_SEQ_CST);
+static uint64_t* split_word_of(SlotsHeader* s, uint32_t worker, uint32_t split) {
+    return &split_state(s)[(size_t)worker * s->num_splits + split];
 }
 
-void split_complete(SlotsHeader* s, uint32_t worker, uint32_t split, int32_t num_done) {
-    int32_t left = __atomic_sub_fetch(&pending(s)[worker * s->num_splits + split], num_done,
-                                      __ATOMIC_SEQ_CST);
-    if (left != 0) return;
+uint32_t split_set_pending(SlotsHeader* s, uint32_t worker, uint32_t split, int32_t num_requests) {
+    uint64_t* word = split_word_of(s, worker, split);
+    uint64_t old = __atomic_load_n(word, __ATOMIC_SEQ_CST), next;
+    do {
+        next = split_word(word_generation(old) + 1, (uint32_t)num_requests);
+    } while (!__atomic_compare_exchange_n(word, &old, next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return word_generation(next);
+}
+
+int split_complete(SlotsHeader* s, uint32_t worker, uint32_t split, uint32_t generation, int32_t num_done) {
+    uint64_t* word = split_word_of(s, worker, split);
+    uint64_t old = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    uint32_t left;
+    do {
+        uint32_t count = word_count(old);
+        if (word_generation(old) != generation || count == SPLIT_IDLE || num_done <= 0 || count < (uint32_t)num_done)
+            return STALE;
+        left = count - (uint32_t)num_done;
+    } while (!__atomic_compare_exchange_n(word, &old, split_word(generation, left), false, __ATOMIC_SEQ_CST,
+                                          __ATOMIC_SEQ_CST));
+    if (left != 0) return OK;
     __atomic_add_fetch(&wake_seq(s)[worker], 1, __ATOMIC_SEQ_CST);
     // The syscall only when the rollout worker sleeps: the common case costs two atomics.
     if (__atomic_load_n(&sleeping(s)[worker], __ATOMIC_SEQ_CST)) futex_wake_all(&wake_seq(s)[worker]);
+    return OK;
 }
 
 int32_t split_pending(SlotsHeader* s, uint32_t worker, uint32_t split) {
-    return __atomic_load_n(&pending(s)[worker * s->num_splits + split], __ATOMIC_SEQ_CST);
+    uint32_t count = word_count(__atomic_load_n(split_word_of(s, worker, split), __ATOMIC_SEQ_CST));
+    return count == SPLIT_IDLE ? IDLE : (int32_t)count;
+}
+
+uint32_t split_generation(SlotsHeader* s, uint32_t worker, uint32_t split) {
+    return word_generation(__atomic_load_n(split_word_of(s, worker, split), __ATOMIC_SEQ_CST));
+}
+
+void split_reset_worker(SlotsHeader* s, uint32_t worker) {
+    for (uint32_t split = 0; split < s->num_splits; split++) {
+        uint64_t* word = split_word_of(s, worker, split);
+        uint64_t old = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+        while (!__atomic_compare_exchange_n(word, &old, split_word(word_generation(old) + 1, SPLIT_IDLE), false,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        }
+    }
 }
 
 int32_t split_wait_any(SlotsHeader* s, uint32_t worker, double timeout) {
     double deadline = deadline_after(timeout);
-    int32_t* counters = pending(s) + worker * s->num_splits;
     for (;;) {
         uint32_t seen = __atomic_load_n(&wake_seq(s)[worker], __ATOMIC_SEQ_CST);
         for (uint32_t split = 0; split < s->num_splits; split++) {
-            if (__atomic_load_n(&counters[split], __ATOMIC_SEQ_CST) == 0) {
-                __atomic_store_n(&counters[split], IDLE, __ATOMIC_SEQ_CST);
+            uint64_t* word = split_word_of(s, worker, split);
+            uint64_t old = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+            if (word_count(old) == 0 &&
+                __atomic_compare_exchange_n(word, &old, split_word(word_generation(old), SPLIT_IDLE), false,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
                 return (int32_t)split;
-            }
         }
         if (__atomic_load_n(&s->closed, __ATOMIC_SEQ_CST) || past(deadline)) return -1;
         __atomic_store_n(&sleeping(s)[worker], 1, __ATOMIC_SEQ_CST);

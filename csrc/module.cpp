@@ -1,8 +1,8 @@
 // Python binding of ipc.h: the module `appo_ipc`.
 //
 // Python owns shapes and dtypes; this file only moves bytes. Every object pickles as
-// (owner pid, owner fd, size) and re-attaches in the receiving process, so it can be handed to
-// processes started with the spawn method.
+// (owner pid, owner fd, size, token) and re-attaches in the receiving process, so it can be
+// handed to processes started with the spawn method.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -49,19 +49,26 @@ void check_owner(int32_t owner) {
     if (owner < 0) throw py::value_error("owner " + std::to_string(owner) + ": owners are >= 0 (-1 means free)");
 }
 
+const double SLICE_S = 0.25;
+
 // Runs call(block, timeout, lock_mode) once without releasing the GIL and without waiting for
 // the lock (the common case), then, if it has to wait, in short slices with the GIL released so
-// that other threads run and Ctrl-C is noticed between slices.
+// that other threads run and Ctrl-C is noticed between slices. A non-blocking call waits for a
+// lock another process holds one slice at most, then returns would_block: a frozen holder
+// (SIGSTOP, a debugger) cannot hang it.
 template <typename Call>
 int call_maybe_waiting(bool block, std::optional<double> timeout, int would_block, Call call) {
     timeout = checked_timeout(timeout);
     int rc = call(false, 0.0, ipc::TRY);
     if (rc != ipc::BUSY && (rc != would_block || !block)) return rc;
     if (!block) {
-        py::gil_scoped_release release;
-        return call(false, 0.0, ipc::WAIT);
+        {
+            py::gil_scoped_release release;
+            rc = call(false, SLICE_S, ipc::WAIT);
+        }
+        return rc == ipc::TIMEOUT ? would_block : rc;
     }
-    const double slice = 0.25;
+    const double slice = SLICE_S;
     double left = timeout.value_or(-1.0);
     for (;;) {
         double wait = left < 0 ? slice : std::min(slice, left);
@@ -78,30 +85,60 @@ int call_maybe_waiting(bool block, std::optional<double> timeout, int would_bloc
     }
 }
 
+// A call that takes an object's lock and never waits for anything else (release, reclaim,
+// transfer): at once when the lock is free, else in slices with the GIL released, so that the
+// learner's other thread runs while some process holds the lock.
+template <typename Call>
+int call_locked(Call call) {
+    return call_maybe_waiting(true, std::nullopt, ipc::TIMEOUT, [&](bool, double t, ipc::LockMode mode) {
+        return call(t, mode);
+    });
+}
+
 // The segment every object lives in, created here or attached from another process.
 struct Shared {
     ipc::Segment segment;
     int owner_fd = -1;
 
-    void create(size_t size, const char* name) {
-        if (ipc::segment_create(&segment, size, name) != ipc::OK)
-            raise_os_error("cannot create a shared segment of " + std::to_string(size) + " bytes");
+    Shared() = default;
+    Shared(const Shared&) = delete;  // a copy would unmap and close twice
+    Shared& operator=(const Shared&) = delete;
+
+    void create(size_t data_size, uint32_t kind, const char* name) {
+        if (ipc::segment_create(&segment, data_size, kind, name) != ipc::OK)
+            raise_os_error("cannot create a shared segment of " + std::to_string(data_size) + " bytes");
         owner_fd = segment.fd;
     }
-    void attach(pid_t pid, int fd, size_t size) {
-        if (ipc::segment_attach(&segment, pid, fd, size) != ipc::OK)
-            raise_os_error("cannot attach to shared memory of process " + std::to_string(pid) +
+    void attach(py::tuple handle, uint32_t kind) {
+        if (handle.size() != 4) throw py::value_error("a shared-memory handle is (pid, fd, size, token)");
+        pid_t pid = handle[0].cast<int>();
+        int fd = handle[1].cast<int>();
+        std::string where = "fd " + std::to_string(fd) + " of process " + std::to_string(pid);
+        errno = 0;
+        int rc = ipc::segment_attach(&segment, pid, fd, kind, handle[2].cast<size_t>(), handle[3].cast<uint64_t>());
+        if (rc == ipc::STALE)
+            throw std::runtime_error("stale shared-memory handle: " + where + " now holds another object "
+                                     "(the one the handle named was freed)");
+        if (rc != ipc::OK && (errno == EACCES || errno == EPERM))
+            raise_os_error("not allowed to open /proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd) +
+                           " (another user, a non-dumpable process or another PID namespace)");
+        if (rc != ipc::OK)
+            raise_os_error("cannot attach to shared memory at " + where +
                            " (has the process that created it exited?)");
         owner_fd = fd;
     }
-    py::tuple handle() const { return py::make_tuple((int)segment.owner_pid, owner_fd, segment.size); }
+    py::tuple handle() const {
+        return py::make_tuple((int)segment.owner_pid, owner_fd, segment.size, segment.header()->token);
+    }
     ~Shared() { ipc::segment_detach(&segment); }
 };
 
 // ---------------------------------------------------------------------------------------------
 // SharedBuffer: plain bytes for numpy/torch views (trajectory slots, published weights).
 
-struct SharedBuffer : Shared {};
+struct SharedBuffer : Shared {
+    size_t size() const { return segment.size - ipc::SEGMENT_DATA_OFFSET; }
+};
 
 // ---------------------------------------------------------------------------------------------
 // Queue
@@ -154,7 +191,7 @@ struct Queue : Shared {
     // failed to unpickle: they go out first on the next get (this process only).
     std::deque<std::string> undelivered;
 
-    ipc::QueueHeader* header() const { return (ipc::QueueHeader*)segment.addr; }
+    ipc::QueueHeader* header() const { return (ipc::QueueHeader*)segment.data(); }
 
     void check_result(int rc, size_t message_bytes, py::handle would_block_type) const {
         switch (rc) {
@@ -178,10 +215,17 @@ struct Queue : Shared {
         check_result(rc, data.size() + sizeof(uint32_t) * sizes.size(), queue_full_type);
     }
 
+    // A message's length prefix is 32 bits: a larger one would be cut (and never fits anyway).
+    static uint32_t message_size(size_t bytes) {
+        if (bytes > UINT32_MAX - sizeof(uint32_t))
+            throw py::value_error("message of " + std::to_string(bytes) + " bytes: the limit is 4 GiB");
+        return (uint32_t)bytes;
+    }
+
     void put(py::handle message, bool block, std::optional<double> timeout) {
         std::string data;  // per call: pickling can run Python code that puts too (a thread_local was overwritten)
         encode(message, data);
-        put_encoded(data, {(uint32_t)data.size()}, block, timeout);
+        put_encoded(data, {message_size(data.size())}, block, timeout);
     }
 
     void put_many(py::iterable messages, bool block, std::optional<double> timeout) {
@@ -190,7 +234,7 @@ struct Queue : Shared {
         for (py::handle message : messages) {
             size_t before = data.size();
             encode(message, data);
-            sizes.push_back((uint32_t)(data.size() - before));
+            sizes.push_back(message_size(data.size() - before));
         }
         if (!sizes.empty()) put_encoded(data, sizes, block, timeout);
     }
@@ -244,7 +288,7 @@ struct Queue : Shared {
 // SlotControl
 
 struct SlotControl : Shared {
-    ipc::SlotsHeader* header() const { return (ipc::SlotsHeader*)segment.addr; }
+    ipc::SlotsHeader* header() const { return (ipc::SlotsHeader*)segment.data(); }
 
     void check_slot(int32_t slot) const {
         if (slot < 0 || (uint32_t)slot >= header()->num_slots)
@@ -275,19 +319,19 @@ PYBIND11_MODULE(appo_ipc, m) {
                              "Bytes in shared memory; wrap with numpy.frombuffer for views.")
         .def(py::init([](size_t size) {
                  auto buffer = std::make_unique<SharedBuffer>();
-                 buffer->create(size == 0 ? 1 : size, "appo-buffer");
+                 buffer->create(size == 0 ? 1 : size, ipc::KIND_BUFFER, "appo-buffer");
                  return buffer;
              }),
              py::arg("size"))
-        .def_property_readonly("size", [](const SharedBuffer& b) { return b.segment.size; })
+        .def_property_readonly("size", &SharedBuffer::size)
         .def_buffer([](SharedBuffer& b) {
-            return py::buffer_info(b.segment.addr, 1, py::format_descriptor<uint8_t>::format(), 1,
-                                   {b.segment.size}, {1});
+            return py::buffer_info(b.segment.data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                                   {b.size()}, {1});
         })
         .def(py::pickle([](const SharedBuffer& b) { return b.handle(); },
                         [](py::tuple h) {
                             auto buffer = std::make_unique<SharedBuffer>();
-                            buffer->attach(h[0].cast<int>(), h[1].cast<int>(), h[2].cast<size_t>());
+                            buffer->attach(h, ipc::KIND_BUFFER);
                             return buffer;
                         }));
 
@@ -296,8 +340,8 @@ PYBIND11_MODULE(appo_ipc, m) {
                  if (max_size_bytes < 64 || max_size_bytes > (size_t(1) << 40))
                      throw py::value_error("max_size_bytes must be between 64 and 2**40");
                  auto q = std::make_unique<Queue>();
-                 q->create(ipc::queue_segment_size(max_size_bytes), "appo-queue");
-                 if (ipc::queue_init(q->segment.addr, max_size_bytes) != ipc::OK)
+                 q->create(ipc::queue_segment_size(max_size_bytes), ipc::KIND_QUEUE, "appo-queue");
+                 if (ipc::queue_init(q->segment.data(), max_size_bytes) != ipc::OK)
                      throw std::runtime_error("cannot initialise the queue's mutex");
                  return q;
              }),
@@ -340,7 +384,7 @@ PYBIND11_MODULE(appo_ipc, m) {
         .def(py::pickle([](const Queue& q) { return q.handle(); },
                         [](py::tuple h) {
                             auto q = std::make_unique<Queue>();
-                            q->attach(h[0].cast<int>(), h[1].cast<int>(), h[2].cast<size_t>());
+                            q->attach(h, ipc::KIND_QUEUE);
                             return q;
                         }));
 
@@ -351,8 +395,8 @@ PYBIND11_MODULE(appo_ipc, m) {
                  if (num_slots == 0 || num_workers == 0 || num_splits == 0)
                      throw py::value_error("num_slots, num_workers and num_splits must be > 0");
                  auto s = std::make_unique<SlotControl>();
-                 s->create(ipc::slots_segment_size(num_slots, num_workers, num_splits), "appo-slots");
-                 if (ipc::slots_init(s->segment.addr, num_slots, num_workers, num_splits) != ipc::OK)
+                 s->create(ipc::slots_segment_size(num_slots, num_workers, num_splits), ipc::KIND_SLOTS, "appo-slots");
+                 if (ipc::slots_init(s->segment.data(), num_slots, num_workers, num_splits) != ipc::OK)
                      throw std::runtime_error("cannot initialise the slots' mutex");
                  return s;
              }),
@@ -370,34 +414,54 @@ PYBIND11_MODULE(appo_ipc, m) {
                  return slot;
              },
              py::arg("owner"), py::arg("block") = true, py::arg("timeout") = py::none(),
-             "Takes a free slot for `owner`; None when none frees up within the timeout.")
+             "Takes a free slot for `owner`; None when none frees up within the timeout. Each "
+             "acquire raises the slot's generation by one.")
         .def("release",
              [](SlotControl& s, const std::vector<int32_t>& slots) {
-                 int rc = ipc::slots_release(s.header(), slots.data(), slots.size());
+                 int rc = call_locked([&](double t, ipc::LockMode mode) {
+                     return ipc::slots_release(s.header(), slots.data(), slots.size(), t, mode);
+                 });
                  if (rc == ipc::TOO_BIG) throw py::index_error("slot index out of range");
                  if (rc == ipc::FULL)
                      throw py::value_error("a slot is free already or listed twice; nothing was released");
                  if (rc != ipc::OK) throw std::runtime_error("slots: a system call failed");
              },
              py::arg("slots"), "Returns slots to the free list.")
-        .def("set_owner",
-             [](SlotControl& s, int32_t slot, int32_t owner) {
+        .def("transfer",
+             [](SlotControl& s, int32_t slot, int32_t from_owner, uint32_t generation, int32_t to_owner) {
                  s.check_slot(slot);
-                 check_owner(owner);
-                 if (ipc::slots_set_owner(s.header(), slot, owner) == ipc::EMPTY)
-                     throw py::value_error("slot " + std::to_string(slot) + " is free: acquire it first");
+                 check_owner(from_owner);
+                 check_owner(to_owner);
+                 int rc = call_locked([&](double t, ipc::LockMode mode) {
+                     return ipc::slots_transfer(s.header(), slot, from_owner, generation, to_owner, t, mode);
+                 });
+                 if (rc != ipc::OK && rc != ipc::STALE) throw std::runtime_error("slots: a system call failed");
+                 return rc == ipc::OK;
              },
-             py::arg("slot"), py::arg("owner"), "Hands a taken slot to another owner.")
+             py::arg("slot"), py::arg("from_owner"), py::arg("generation"), py::arg("to_owner"),
+             "Hands the slot to to_owner if from_owner still holds it in that generation (True); "
+             "False, changing nothing, if it was freed since, or freed and taken again.")
         .def("owner",
              [](SlotControl& s, int32_t slot) {
                  s.check_slot(slot);
                  return ipc::slots_owner(s.header(), slot);
              },
              py::arg("slot"))
+        .def("generation",
+             [](SlotControl& s, int32_t slot) {
+                 s.check_slot(slot);
+                 return ipc::slots_generation(s.header(), slot);
+             },
+             py::arg("slot"), "How often the slot was acquired: names one life of it in a hand-off.")
         .def("reclaim",
              [](SlotControl& s, int32_t owner) {
                  check_owner(owner);
-                 return ipc::slots_reclaim(s.header(), owner);
+                 size_t reclaimed = 0;
+                 int rc = call_locked([&](double t, ipc::LockMode mode) {
+                     return ipc::slots_reclaim(s.header(), owner, t, mode, &reclaimed);
+                 });
+                 if (rc != ipc::OK) throw std::runtime_error("slots: a system call failed");
+                 return reclaimed;
              },
              py::arg("owner"), "Frees every slot `owner` holds (its process died); returns how many.")
         .def_property_readonly("free_count", [](SlotControl& s) { return ipc::slots_free_count(s.header()); })
@@ -407,23 +471,41 @@ PYBIND11_MODULE(appo_ipc, m) {
         .def("set_pending",
              [](SlotControl& s, uint32_t worker, uint32_t split, int32_t num_requests) {
                  s.check_split(worker, split);
-                 ipc::split_set_pending(s.header(), worker, split, num_requests);
+                 if (num_requests < 0) throw py::value_error("num_requests must be >= 0");
+                 return ipc::split_set_pending(s.header(), worker, split, num_requests);
              },
              py::arg("worker"), py::arg("split"), py::arg("num_requests"),
-             "Rollout worker: this many requests of the split now wait for actions.")
+             "Rollout worker: this many requests of the split now wait for actions. Returns their "
+             "generation, which the requests carry and complete() checks.")
         .def("complete",
-             [](SlotControl& s, uint32_t worker, uint32_t split, int32_t num_done) {
+             [](SlotControl& s, uint32_t worker, uint32_t split, uint32_t generation, int32_t num_done) {
                  s.check_split(worker, split);
-                 ipc::split_complete(s.header(), worker, split, num_done);
+                 return ipc::split_complete(s.header(), worker, split, generation, num_done) == ipc::OK;
              },
-             py::arg("worker"), py::arg("split"), py::arg("num_done") = 1,
-             "Policy worker: this many requests of the split have their actions.")
+             py::arg("worker"), py::arg("split"), py::arg("generation"), py::arg("num_done") = 1,
+             "Policy worker: this many requests of the split's generation `generation` have their "
+             "actions. False, counting nothing, for an answer that is stale (the split was asked "
+             "again since) or one too many.")
         .def("pending",
              [](SlotControl& s, uint32_t worker, uint32_t split) {
                  s.check_split(worker, split);
                  return ipc::split_pending(s.header(), worker, split);
              },
+             py::arg("worker"), py::arg("split"), "Requests still waiting, or -1 while the worker holds the split.")
+        .def("split_generation",
+             [](SlotControl& s, uint32_t worker, uint32_t split) {
+                 s.check_split(worker, split);
+                 return ipc::split_generation(s.header(), worker, split);
+             },
              py::arg("worker"), py::arg("split"))
+        .def("reset_splits",
+             [](SlotControl& s, uint32_t worker) {
+                 s.check_split(worker, 0);
+                 ipc::split_reset_worker(s.header(), worker);
+             },
+             py::arg("worker"),
+             "A restarted rollout worker's splits: idle, in a new generation, so no answer meant "
+             "for the dead process counts.")
         .def("wait_any",
              [](SlotControl& s, uint32_t worker, std::optional<double> timeout) -> std::optional<int32_t> {
                  s.check_split(worker, 0);
@@ -451,7 +533,24 @@ PYBIND11_MODULE(appo_ipc, m) {
         .def(py::pickle([](const SlotControl& s) { return s.handle(); },
                         [](py::tuple h) {
                             auto s = std::make_unique<SlotControl>();
-                            s->attach(h[0].cast<int>(), h[1].cast<int>(), h[2].cast<size_t>());
+                            s->attach(h, ipc::KIND_SLOTS);
                             return s;
                         }));
+
+    // Test hook (see ipc.h): the calling process SIGKILLs itself at the named point. The names are
+    // ipc::CrashPoint's, in its order.
+    static_assert(ipc::CRASH_NUM_POINTS == 10, "name every crash point");
+    py::list crash_points;
+    for (const char* name : {"put_after_bytes", "commit_after_journal", "commit_after_valid",
+                             "commit_after_state", "repair_after_state", "acquire_after_owner",
+                             "release_after_marks", "release_after_push", "reclaim_after_push"})
+        crash_points.append(name);
+    m.attr("CRASH_POINTS") = crash_points;
+    m.def("_arm_crash_point",
+          [crash_points](const std::string& name) {
+              for (size_t i = 0; i < crash_points.size(); i++)
+                  if (crash_points[i].cast<std::string>() == name) return ipc::crash_point_arm((int)i + 1);
+              throw py::value_error("no crash point named " + name);
+          },
+          py::arg("name"), "Test hook: this process SIGKILLs itself when it reaches that point.");
 }

@@ -348,3 +348,30 @@ def test_resuming_with_flags_that_change_the_model_is_refused(tmp_path, capsys):
     assert appo.main(flags + ["--hidden_size", "128"]) == 2
     err = capsys.readouterr().err
     assert "--hidden_size 128 conflicts with 64 saved in" in err and "use another --experiment" in err
+
+
+def test_a_policy_worker_drops_requests_that_went_stale_and_writes_nothing_for_them(tmp_path):
+    """Review row 16: an answer to a request asked again since (or whose worker died and whose
+    slot was taken by another) used to overwrite the action and the RNN state that the split's
+    new answer had written, and completed the split a second time."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_workers", "1", "--num_envs_per_worker", "2",
+                           "--train_dir", str(tmp_path), "--seed", "1"])
+    probe = appo.probe_env(cfg)
+    shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
+    worker = appo.PolicyWorker(0, cfg, shared, probe.spaces)
+    control, actions = shared.slots.control, shared.slots.tensors["actions"]
+    slot, step = control.acquire(owner=0), 3
+    actions[slot, step] = -7  # no valid action: shows whether anything was written
+    lost = control.set_pending(0, 0, 1)
+    asked_again = control.set_pending(0, 0, 1)  # the runner restarted a policy worker: resent
+    worker.act_on([(0, 0, lost, slot, step)])
+    assert int(actions[slot, step]) == -7 and control.pending(0, 0) == 1
+    worker.act_on([(0, 0, asked_again, slot, step)])
+    assert int(actions[slot, step]) in (0, 1) and control.pending(0, 0) == 0
+    # The slot's worker died and the runner reclaimed it: a request from before is dropped too.
+    control.set_pending(0, 1, 1)
+    current = control.split_generation(0, 1)
+    control.reclaim(0)
+    actions[slot, step] = -7
+    worker.act_on([(0, 1, current, slot, step)])
+    assert int(actions[slot, step]) == -7 and control.pending(0, 1) == 1

@@ -65,10 +65,10 @@ def acquire_slots_and_die(slots, owner, count, done):
     time.sleep(60)
 
 
-def answer_split(slots, worker, split, num_requests):
+def answer_split(slots, worker, split, generation, num_requests):
     for _ in range(num_requests):
         time.sleep(0.01)
-        slots.complete(worker, split, 1)
+        slots.complete(worker, split, generation, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ def test_slots_are_handed_out_once_and_returned():
     assert slots.free_count == 0
     assert slots.acquire(owner=7, timeout=0.1) is None
     assert slots.acquire(owner=7, block=False) is None
-    slots.set_owner(taken[0], 100)
+    assert slots.transfer(taken[0], 7, slots.generation(taken[0]), 100)
     assert slots.owner(taken[0]) == 100
     slots.release([taken[0]])
     with pytest.raises(ValueError, match="twice"):
@@ -341,16 +341,16 @@ def test_a_blocked_acquire_wakes_when_a_slot_is_released():
 def test_split_flags_report_the_split_whose_actions_all_arrived(spawn):
     slots = appo_ipc.SlotControl(num_slots=1, num_workers=2, num_splits=2)
     assert slots.wait_any(worker=0, timeout=0.05) is None  # every split idle: nothing to wait for
-    slots.set_pending(worker=0, split=1, num_requests=3)
-    slots.complete(worker=0, split=1, num_done=2)
+    generation = slots.set_pending(worker=0, split=1, num_requests=3)
+    slots.complete(worker=0, split=1, generation=generation, num_done=2)
     assert slots.pending(0, 1) == 1
     assert slots.wait_any(worker=0, timeout=0.05) is None
-    slots.complete(worker=0, split=1)
+    slots.complete(worker=0, split=1, generation=generation)
     assert slots.wait_any(worker=0, timeout=0) == 1
     assert slots.pending(0, 1) == -1  # claimed: idle again
     # Answers from another process wake a sleeping rollout worker.
-    slots.set_pending(worker=1, split=0, num_requests=5)
-    answerer = spawn.Process(target=answer_split, args=(slots, 1, 0, 5))
+    generation = slots.set_pending(worker=1, split=0, num_requests=5)
+    answerer = spawn.Process(target=answer_split, args=(slots, 1, 0, generation, 5))
     answerer.start()
     assert slots.wait_any(worker=1, timeout=30) == 0
     answerer.join(timeout=10)
@@ -376,7 +376,7 @@ def test_close_wakes_waiters_on_slots():
 
 def test_the_slot_api_refuses_what_would_corrupt_the_free_list():
     """Each of these once went through: release([s, s]) handed one slot to two owners, reclaim(-1)
-    pushed every free slot again, set_owner on a free slot left it on the free stack too."""
+    pushed every free slot again, set_owner (now transfer) on a free slot left it on the free stack too."""
     slots = appo_ipc.SlotControl(num_slots=4, num_workers=1, num_splits=1)
     a, b = slots.acquire(owner=0), slots.acquire(owner=0)
     with pytest.raises(ValueError, match="listed twice"):
@@ -387,11 +387,10 @@ def test_the_slot_api_refuses_what_would_corrupt_the_free_list():
     with pytest.raises(ValueError, match="owners are >= 0"):
         slots.reclaim(-1)
     with pytest.raises(ValueError, match="owners are >= 0"):
-        slots.set_owner(a, -1)
-    with pytest.raises(ValueError, match="is free"):
-        slots.set_owner(3, 0)
+        slots.transfer(a, 0, slots.generation(a), -1)
+    assert not slots.transfer(3, 0, slots.generation(3), 0)  # free: nobody's to hand over
     assert slots.free_count == 2 and slots.owner(3) == -1
-    slots.set_owner(a, 5)
+    assert slots.transfer(a, 0, slots.generation(a), 5)
     assert slots.owner(a) == 5
     slots.release([a, b])
     assert slots.free_count == 4
@@ -451,3 +450,195 @@ def test_a_put_from_inside_pickling_does_not_tear_the_outer_message():
     q = appo_ipc.Queue()
     q.put(PutsWhilePickled(q))
     assert q.get_many() == [("nested", 1), "outer"]  # the nested put finished first; both whole
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults at any instant (../shared/notes/ipc-review.md): generations, the slot hand-off, deaths
+# inside critical sections, lock waits, stale handles
+
+def test_a_late_or_duplicated_answer_never_completes_a_split():
+    """Review row 1: a request sent again after a policy worker died, answered twice, drove the
+    counter to -n; wait_any then never reported the split and half a worker's envs stopped."""
+    slots = appo_ipc.SlotControl(num_slots=1, num_workers=1, num_splits=2)
+    first = slots.set_pending(worker=0, split=1, num_requests=2)
+    assert slots.complete(0, 1, first, 1)  # one answer arrived, the other was lost with its worker
+    again = slots.set_pending(worker=0, split=1, num_requests=2)  # resend: a new generation
+    assert again != first and slots.split_generation(0, 1) == again
+    assert not slots.complete(0, 1, first, 1)  # the late answer to the lost request counts for nothing
+    assert slots.pending(0, 1) == 2
+    assert slots.complete(0, 1, again, 2)
+    assert not slots.complete(0, 1, again, 1)  # a duplicate would take the counter below 0
+    assert slots.wait_any(worker=0, timeout=0) == 1
+    assert slots.pending(0, 1) == -1
+    assert not slots.complete(0, 1, again, 1)  # nor can anything count once the worker holds the split
+    assert slots.wait_any(worker=0, timeout=0) is None
+    # A restarted rollout worker: what was asked for the dead process no longer counts.
+    dead = slots.set_pending(worker=0, split=0, num_requests=1)
+    slots.reset_splits(worker=0)
+    assert slots.pending(0, 0) == -1 and not slots.complete(0, 0, dead, 1)
+    assert slots.wait_any(worker=0, timeout=0) is None
+
+
+def test_a_slot_handed_off_by_a_worker_that_died_is_reclaimed_not_lost():
+    """Review row 2: a worker killed between handing a slot to the learner and the message left it
+    owned by the learner with no message for it, lost for good. Now the slot stays the worker's
+    until the learner takes it, by the (slot, generation) the message names."""
+    slots = appo_ipc.SlotControl(num_slots=2, num_workers=1, num_splits=1)
+    learner = 1
+    slot = slots.acquire(owner=0)
+    message = (slot, slots.generation(slot), 0)  # on its way to the learner when the worker dies
+    assert slots.reclaim(0) == 1 and slots.free_count == 2  # the runner frees what the dead worker held
+    again = slots.acquire(owner=0)  # the restarted worker (same id) may get the same slot back
+    assert again == slot and slots.generation(slot) == message[1] + 1
+    assert not slots.transfer(message[0], message[2], message[1], learner)  # not its life any more
+    assert slots.owner(slot) == 0
+    assert slots.transfer(slot, 0, slots.generation(slot), learner)  # a current hand-off goes through
+    assert slots.owner(slot) == learner and not slots.transfer(slot, 0, slots.generation(slot), learner)
+
+
+def crash_at(shared_object, point, operation, args):
+    appo_ipc._arm_crash_point(point)
+    getattr(shared_object, operation)(*args)
+    os._exit(3)  # the crash point was never reached
+
+
+def die_at(spawn, shared_object, point, operation, *args):
+    process = spawn.Process(target=crash_at, args=(shared_object, point, operation, args))
+    process.start()
+    process.join(timeout=60)
+    assert process.exitcode == -signal.SIGKILL, f"{operation} never reached {point} (exit code {process.exitcode})"
+
+
+def ring_with_wrapped_messages():
+    """A small ring holding two messages, its free space wrapping around its end."""
+    q = appo_ipc.Queue(max_size_bytes=160)
+    for index in range(5):
+        q.put((index, index))
+    for _ in range(4):
+        q.get()
+    q.put((5, 5))  # head near the end: the next message wraps
+    return q, [(4, 4), (5, 5)]
+
+
+# After a death at each point: is the interrupted call's effect there (True) or not (False)?
+PUT_EFFECT = {"put_after_bytes": False, "commit_after_journal": False, "commit_after_valid": True,
+              "commit_after_state": True}
+GET_EFFECT = {"commit_after_journal": False, "commit_after_valid": True, "commit_after_state": True}
+
+
+@pytest.mark.parametrize("operation,point", [("put", p) for p in PUT_EFFECT] + [("get", p) for p in GET_EFFECT])
+def test_a_queue_user_killed_inside_its_critical_section_leaves_the_old_ring_or_the_new_one(spawn, operation, point):
+    """Review row 3: a kill at each store of a put or a get (crash points compiled into the module)
+    leaves the ring before or after the call, never a mix, and the ring works on."""
+    q, model = ring_with_wrapped_messages()
+    new_message = (6, 6, 6)
+    if operation == "put":
+        die_at(spawn, q, point, "put", new_message)
+        expected = model + [new_message] if PUT_EFFECT[point] else model
+    else:
+        die_at(spawn, q, point, "get_many")  # takes both: lost with the getter, or never taken
+        expected = [] if GET_EFFECT[point] else model
+    if expected:
+        assert q.get_many(block=False) == expected
+    else:
+        with pytest.raises(queue.Empty):
+            q.get_many(block=False)
+    assert q.recoveries == 1 and q.qsize() == 0
+    for round_index in range(20):  # the ring's accounting is whole: it fills and empties as before
+        q.put_many([(round_index, 1), (round_index, 2)])
+        assert q.get_many() == [(round_index, 1), (round_index, 2)]
+
+
+def test_a_recoverer_killed_while_it_repairs_is_itself_recovered(spawn):
+    """Review row 3: the repair cleared the journal before it restored the state (as GCC -O2
+    compiled it), so a recoverer killed in between left the next one a torn ring."""
+    q, model = ring_with_wrapped_messages()
+    die_at(spawn, q, "commit_after_valid", "put", (6, 6, 6))  # leaves a journal to replay
+    die_at(spawn, q, "repair_after_state", "get_many")  # the recoverer dies inside the repair
+    assert q.get_many(block=False) == model + [(6, 6, 6)]
+    q.put((7,))
+    assert q.get() == (7,)
+
+
+def all_slots_once(slots, held):
+    """Every free slot can be taken exactly once, and together with `held` they are all the slots."""
+    taken = []
+    while (slot := slots.acquire(owner=9, block=False)) is not None:
+        taken.append(slot)
+    assert sorted(taken + held) == list(range(slots.num_slots))
+    slots.release(taken)
+
+
+@pytest.mark.parametrize("point", ["acquire_after_owner", "release_after_marks", "release_after_push",
+                                   "reclaim_after_push"])
+def test_a_slot_user_killed_inside_its_critical_section_loses_no_slot(spawn, point):
+    """Review rows 4/5: the free stack and the owner table stay one account through a death at
+    each store of acquire, release and reclaim."""
+    slots = appo_ipc.SlotControl(num_slots=6, num_workers=1, num_splits=1)
+    mine = [slots.acquire(owner=0) for _ in range(3)]
+    if point == "acquire_after_owner":
+        die_at(spawn, slots, point, "acquire", 5)
+        assert slots.reclaim(5) == 1  # the dead acquirer owned it: the runner's reclaim returns it
+    elif point.startswith("release"):
+        die_at(spawn, slots, point, "release", mine[:2])
+        mine = mine[2:]
+    else:
+        die_at(spawn, slots, point, "reclaim", 0)
+        assert slots.reclaim(0) == 2  # the dead reclaimer had freed the first; the rest are still 0's
+        mine = []
+    all_slots_once(slots, mine)
+    assert slots.recoveries >= 1
+
+
+def kill_after(pid, seconds):
+    time.sleep(seconds)
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_waiting_for_a_lock_another_process_holds_lets_python_run(spawn, tmp_path):
+    """Review row 8: release() held the GIL while it waited for the slots' lock, so every thread of
+    the learner stopped while any process held it; a non-blocking get waited for the lock for as
+    long as its holder lived (for ever, if that process was frozen)."""
+    slots, q = appo_ipc.SlotControl(num_slots=2, num_workers=1, num_splits=1), appo_ipc.Queue()
+    slot = slots.acquire(owner=0)
+    q.put((1,))
+    holders = []
+    for index, shared_object in enumerate((slots, q)):
+        ready_path = str(tmp_path / f"locked{index}")
+        holders.append(spawn.Process(target=hold_lock_forever, args=(shared_object, ready_path)))
+        holders[-1].start()
+        wait_for_file(ready_path)
+    killer = spawn.Process(target=kill_after, args=(holders[0].pid, 3.0))  # ends the test either way
+    killer.start()
+    releaser = threading.Thread(target=slots.release, args=([slot],))
+    releaser.start()
+    assert releaser.is_alive() and holders[0].is_alive()  # this thread runs while the other waits
+    with pytest.raises(queue.Empty):
+        q.get_nowait()  # gives up on the held lock instead of waiting for its holder
+    assert holders[1].is_alive()
+    releaser.join(timeout=30)
+    killer.join(timeout=30)
+    assert slots.free_count == 2  # the release went through once the holder died
+    os.kill(holders[1].pid, signal.SIGKILL)
+    holders[1].join(timeout=10)
+    assert q.get(timeout=5) == (1,)
+
+
+def test_a_stale_handle_is_refused_not_attached_to_whatever_now_has_its_fd():
+    """Review row 13: a handle was (pid, fd, size); once its object was freed, the fd number went
+    to the next object, and unpickling the old handle mapped that one."""
+    q = appo_ipc.Queue()
+    stale = pickle.dumps(q)
+    fd = q.__getstate__()[1]
+    del q
+    others = [appo_ipc.SlotControl(num_slots=4, num_workers=1, num_splits=1) for _ in range(8)]
+    assert fd in [other.__getstate__()[1] for other in others]  # the number was reused
+    with pytest.raises(RuntimeError, match="stale shared-memory handle"):
+        pickle.loads(stale)
+    live = appo_ipc.Queue()
+    pid, fd, size, token = live.__getstate__()
+    forged = appo_ipc.Queue.__new__(appo_ipc.Queue)
+    with pytest.raises(RuntimeError, match="stale"):
+        forged.__setstate__((pid, fd, size, token + 1))
+    with pytest.raises(RuntimeError, match="stale"):  # a queue's handle does not open slots
+        appo_ipc.SlotControl.__new__(appo_ipc.SlotControl).__setstate__((pid, fd, size, token))
