@@ -1,0 +1,245 @@
+"""Chaos run: a real doom_basic training while a killer SIGKILLs its processes, and a report of
+what the run lost (it should be nothing).
+
+    python scripts/chaos.py                       # 10 minutes, a kill every ~5 s (the README's figures)
+    python scripts/chaos.py --minutes 1 --kill_every 2 --json chaos.json
+
+The run: 2 rollout workers x 2 splits, 2 policy workers, one learner (appo.train in this process;
+the killer runs in its `watch` callback). Every kill picks one of:
+- a rollout worker, a policy worker or a VizDoom game process, at a random instant;
+- a policy worker at an instant a rollout worker holds a split (it is stepping that split's envs):
+  the requests it sends next go into the queues the runner drains, and are asked again, so the
+  policy workers can answer a split twice (review row 1 of ../shared/notes/ipc-review.md);
+- a rollout worker at an instant a finished slot is on its way to the learner (row 2).
+The dangerous windows are milliseconds wide: the last two kinds wait for them (polling for up to
+2 s) instead of hoping to land in them.
+
+It checks, and prints:
+- every split of every rollout worker keeps stepping: its generation (raised by each request for
+  actions) never stands still for --stall_s seconds; a split that does is a stalled split;
+- the learner keeps training (its frames never stand still for --stall_s);
+- no split counter below its idle value;
+- no slot lost: at the end, once every process has stopped, the learner has released what it held
+  and the dead rollout workers' slots are reclaimed, every slot is free;
+- restarts: one per killed worker, none for any other reason (a torn message, an exception);
+- a clean exit: exit code 0, no process of the run left, no new /dev/shm entry.
+Exit status 0 when every check holds, 1 otherwise.
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+import appo  # noqa: E402
+
+IDLE = -1  # SlotControl.pending of a split its rollout worker holds (it is stepping its envs)
+KINDS = ("rollout worker", "policy worker", "game process", "policy worker while a split steps",
+         "rollout worker with a slot in flight")
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def is_resource_tracker(pid: int) -> bool:
+    """multiprocessing's resource tracker: this process's helper, not the run's; it lives as long as we do."""
+    try:
+        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # gone
+
+
+def game_processes(rollout_worker_pid: int) -> list[int]:
+    found = []
+    for pid in children_of(rollout_worker_pid):
+        try:
+            if b"+viz_instance_id" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+class Killer:
+    """The `watch` callback of appo.train: kills, and keeps the books of what kept moving."""
+
+    def __init__(self, args, cfg):
+        self.args, self.cfg = args, cfg
+        self.rng = random.Random(args.seed)
+        self.kills: Counter = Counter()
+        self.started = None
+        self.next_kill = 0.0
+        self.split_moved: dict[tuple[int, int], tuple[int, float]] = {}  # (worker, split) -> (generation, when)
+        self.longest_split_silence = 0.0
+        self.stalled_splits: set[tuple[int, int]] = set()
+        self.learner_moved: tuple[int, float] | None = None  # (frames trained, when they last rose)
+        self.longest_learner_pause = 0.0
+        self.lowest_counter = 0
+        self.shared = self.workers = None
+
+    def __call__(self, shared, workers):
+        now = time.monotonic()
+        self.shared, self.workers = shared, workers
+        if self.started is None:
+            self.started = now
+            self.next_kill = now + self.args.warmup_s
+        self.keep_books(shared, now)
+        if now >= self.next_kill and now < self.started + self.args.minutes * 60 - self.args.quiet_end_s:
+            kind = self.rng.choice(KINDS)
+            if self.kill(kind, shared, workers):
+                self.kills[kind] += 1
+            self.next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.args.kill_every
+
+    def keep_books(self, shared, now: float):
+        control = shared.slots.control
+        for worker in range(self.cfg.num_workers):
+            for split in range(self.cfg.worker_num_splits):
+                generation = control.split_generation(worker, split)
+                self.lowest_counter = min(self.lowest_counter, control.pending(worker, split))
+                last = self.split_moved.get((worker, split))
+                if last is None or last[0] != generation:
+                    self.split_moved[(worker, split)] = (generation, now)
+                    continue
+                silence = now - last[1]
+                self.longest_split_silence = max(self.longest_split_silence, silence)
+                if silence > self.args.stall_s:
+                    self.stalled_splits.add((worker, split))
+        frames = int(shared.run.learner_frames.min())
+        if self.learner_moved is None or frames != self.learner_moved[0]:
+            self.learner_moved = (frames, now)
+        elif frames > 0:  # pauses count once it has started
+            self.longest_learner_pause = max(self.longest_learner_pause, now - self.learner_moved[1])
+
+    def kill(self, kind: str, shared, workers) -> bool:
+        rollout = [c for c in workers.children if c.kind == "rollout worker" and c.process.is_alive()]
+        policy = [c for c in workers.children if c.kind == "policy worker" and c.process.is_alive()]
+        if kind == "policy worker while a split steps":
+            if not self.wait_for(lambda: any(shared.slots.control.pending(w, s) == IDLE
+                                             for w in range(self.cfg.num_workers)
+                                             for s in range(self.cfg.worker_num_splits))):
+                return False
+            return self.sigkill(self.rng.choice(policy).process.pid) if policy else False
+        if kind == "rollout worker with a slot in flight":
+            if not self.wait_for(lambda: shared.learner_queues[0].qsize() > 0):
+                return False
+            return self.sigkill(self.rng.choice(rollout).process.pid) if rollout else False
+        if kind == "game process":
+            games = [pid for child in rollout for pid in game_processes(child.process.pid)]
+            return self.sigkill(self.rng.choice(games)) if games else False
+        candidates = rollout if kind == "rollout worker" else policy
+        return self.sigkill(self.rng.choice(candidates).process.pid) if candidates else False
+
+    def wait_for(self, condition, seconds: float = 2.0) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+        return False
+
+    @staticmethod
+    def sigkill(pid: int) -> bool:
+        try:
+            os.kill(pid, 9)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def slots_lost(cfg, shared) -> tuple[int, int]:
+    """After the run: (slots neither free nor reclaimable, slots still with a learner)."""
+    control = shared.slots.control
+    with_learner = sum(control.owner(slot) >= cfg.num_workers for slot in range(control.num_slots))
+    for worker in range(cfg.num_workers):  # every process has stopped: what they held is free again
+        control.reclaim(worker)
+    return control.num_slots - control.free_count, with_learner
+
+
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the run")
+    parser.add_argument("--kill_every", type=float, default=5.0, help="mean seconds between kills")
+    parser.add_argument("--stall_s", type=float, default=30.0,
+                        help="a split or the learner standing still this long counts as a stall")
+    parser.add_argument("--warmup_s", type=float, default=15.0, help="no kill before this (processes start)")
+    parser.add_argument("--quiet_end_s", type=float, default=20.0, help="no kill in the run's last seconds")
+    parser.add_argument("--seed", type=int, default=0, help="the killer's random choices")
+    parser.add_argument("--json", default=None, help="also write the figures to this file")
+    args = parser.parse_args()
+
+    train_dir = tempfile.mkdtemp(prefix="appo_chaos_")
+    cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2", "--num_envs_per_worker", "4",
+                           "--worker_num_splits", "2", "--policy_workers_per_policy", "2",
+                           "--train_for_seconds", str(args.minutes * 60), "--max_restarts", "1000000",
+                           "--report_every_sec", "30", "--train_dir", train_dir, "--experiment", "chaos"])
+    errors = appo.flag_errors(cfg)
+    if errors:
+        appo.print_errors(errors)
+        return 2
+    shm_before = shm_entries()
+    killer = Killer(args, cfg)
+    started = time.monotonic()
+    exit_code = appo.train(cfg, watch=killer)
+    minutes = (time.monotonic() - started) / 60
+    lost, with_learner = slots_lost(cfg, killer.shared)
+    time.sleep(2.0)  # exiting processes leave the process table
+    left = [pid for pid in children_of(os.getpid()) if not is_resource_tracker(pid)]
+    new_shm = sorted(shm_entries() - shm_before)
+    restarts = killer.workers.num_restarts
+    worker_kills = sum(count for kind, count in killer.kills.items() if kind != "game process")
+    figures = {
+        "commit": subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip(),
+        "minutes": round(minutes, 2), "kills": sum(killer.kills.values()), "kills_by_kind": dict(killer.kills),
+        "restarts": restarts, "unexpected_restarts": max(0, restarts - worker_kills),
+        "stalled_splits": len(killer.stalled_splits), "longest_split_silence_s": round(killer.longest_split_silence, 1),
+        "learner_frames": int(killer.shared.run.learner_frames.min()),
+        "longest_learner_pause_s": round(killer.longest_learner_pause, 1),
+        "lowest_split_counter": killer.lowest_counter, "slots_lost": lost, "slots_left_with_learner": with_learner,
+        "num_slots": killer.shared.slots.control.num_slots, "exit_code": exit_code,
+        "processes_left": len(left), "shm_entries_left": len(new_shm),
+    }
+    ok = (figures["stalled_splits"] == 0 and figures["longest_learner_pause_s"] <= args.stall_s
+          and figures["lowest_split_counter"] >= IDLE and lost == 0 and with_learner == 0
+          and figures["unexpected_restarts"] == 0 and exit_code == 0 and not left and not new_shm)
+    by_kind = ", ".join(f"{kind} {count}" for kind, count in killer.kills.items())
+    print(f"\nchaos run: doom_basic, 2 rollout workers x 2 splits, 2 policy workers, {minutes:.1f} min, "
+          f"commit {figures['commit']}")
+    print(f"  kills survived       {figures['kills']} ({by_kind})")
+    print(f"  restarts             {restarts} (unexpected: {figures['unexpected_restarts']})")
+    print(f"  stalled splits       {figures['stalled_splits']} (longest silence of a split "
+          f"{figures['longest_split_silence_s']} s; a stall is {args.stall_s:g} s)")
+    print(f"  learner              {figures['learner_frames']:,} frames trained, longest pause "
+          f"{figures['longest_learner_pause_s']} s")
+    print(f"  split counters       lowest {figures['lowest_split_counter']} (idle is -1)")
+    print(f"  slots lost           {lost} of {figures['num_slots']} ({with_learner} left with the learner)")
+    print(f"  exit                 code {exit_code}, processes left {len(left)}, /dev/shm entries left {len(new_shm)}")
+    print("  result               " + ("every check holds" if ok else "FAILED"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
