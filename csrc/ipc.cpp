@@ -32,6 +32,12 @@ static double deadline_after(double timeout) { return timeout < 0 ? -1.0 : now_s
 
 static bool past(double deadline) { return deadline >= 0 && now_seconds() >= deadline; }
 
+// A call's deadline, read off the clock only when the call may wait (the clock is not free in
+// every VM, and a TRY call that must not wait is the hot path of every put and get).
+static double deadline_if_waiting(bool block, LockMode mode, double timeout) {
+    return block || mode == WAIT ? deadline_after(timeout) : -1.0;
+}
+
 // Sleeps while *word == seen, until woken or the deadline (deadline < 0: no deadline).
 // Spurious returns are fine: every caller re-checks its condition.
 static void futex_wait(uint32_t* word, uint32_t seen, double deadline) {
@@ -232,8 +238,9 @@ static int sleep_unlocked(Header* header, void (*repair)(Header*), uint32_t* seq
     __atomic_add_fetch(waiting, 1, __ATOMIC_SEQ_CST);
     unlock(header);
     futex_wait(seq, seen, deadline);
+    int rc = lock(header, repair, WAIT, deadline);
     __atomic_sub_fetch(waiting, 1, __ATOMIC_SEQ_CST);
-    return lock(header, repair, WAIT, deadline);
+    return rc;
 }
 
 int queue_init(void* addr, size_t capacity) {
@@ -248,7 +255,7 @@ int queue_put(QueueHeader* q, const char* data, const uint32_t* sizes, size_t nu
     uint64_t total = 0;
     for (size_t i = 0; i < num; i++) total += sizeof(uint32_t) + sizes[i];
     if (total > q->capacity) return TOO_BIG;
-    double deadline = deadline_after(timeout);
+    double deadline = deadline_if_waiting(block, mode, timeout);
     int rc = lock(q, queue_repair, mode, deadline);
     if (rc != OK) return rc;
     for (;;) {
@@ -289,7 +296,7 @@ int queue_get(QueueHeader* q, char* out, size_t out_capacity, size_t max_message
               double timeout, LockMode mode, size_t* num_taken, size_t* bytes_taken) {
     *num_taken = 0;
     *bytes_taken = 0;
-    double deadline = deadline_after(timeout);
+    double deadline = deadline_if_waiting(block, mode, timeout);
     int rc = lock(q, queue_repair, mode, deadline);
     if (rc != OK) return rc;
     for (;;) {
@@ -396,7 +403,7 @@ int slots_init(void* addr, uint32_t num_slots, uint32_t num_workers, uint32_t nu
 
 int slots_acquire(SlotsHeader* s, int32_t owner, bool block, double timeout, LockMode mode,
                   int32_t* slot) {
-    double deadline = deadline_after(timeout);
+    double deadline = deadline_if_waiting(block, mode, timeout);
     int rc = lock(s, slots_repair, mode, deadline);
     if (rc != OK) return rc;
     for (;;) {
@@ -442,7 +449,7 @@ static void push_free(SlotsHeader* s, int32_t slot) {
 int slots_release(SlotsHeader* s, const int32_t* slots, size_t num, double timeout, LockMode mode) {
     for (size_t i = 0; i < num; i++)
         if (slots[i] < 0 || (uint32_t)slots[i] >= s->num_slots) return TOO_BIG;
-    int rc = lock(s, slots_repair, mode, deadline_after(timeout));
+    int rc = lock(s, slots_repair, mode, deadline_if_waiting(false, mode, timeout));
     if (rc != OK) return rc;
     // Each slot is marked free as it is checked, so a slot listed twice fails its second check
     // (pushed twice, it would go to two owners, and past num_slots the stack overruns owners[]).
@@ -475,7 +482,7 @@ int slots_transfer(SlotsHeader* s, int32_t slot, int32_t from, uint32_t generati
     if (from < 0 || to < 0) return FULL;
     // Under the lock: reclaim and release read the owner and push the slot in one critical
     // section, which a compare-and-swap from outside could land in the middle of.
-    int rc = lock(s, slots_repair, mode, deadline_after(timeout));
+    int rc = lock(s, slots_repair, mode, deadline_if_waiting(false, mode, timeout));
     if (rc != OK) return rc;
     bool current = owners(s)[slot] == from && slot_generation(s)[slot] == generation;
     if (current) __atomic_store_n(&owners(s)[slot], to, __ATOMIC_RELEASE);
@@ -496,7 +503,7 @@ uint32_t slots_free_count(SlotsHeader* s) { return __atomic_load_n(&s->free_coun
 int slots_reclaim(SlotsHeader* s, int32_t owner, double timeout, LockMode mode, size_t* num_reclaimed) {
     *num_reclaimed = 0;
     if (owner < 0) return FULL;  // FREE: the free slots would be pushed a second time
-    int rc = lock(s, slots_repair, mode, deadline_after(timeout));
+    int rc = lock(s, slots_repair, mode, deadline_if_waiting(false, mode, timeout));
     if (rc != OK) return rc;
     for (uint32_t slot = 0; slot < s->num_slots; slot++) {
         if (owners(s)[slot] != owner) continue;
