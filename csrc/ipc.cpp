@@ -500,6 +500,12 @@ uint32_t slots_generation(SlotsHeader* s, int32_t slot) {
 
 uint32_t slots_free_count(SlotsHeader* s) { return __atomic_load_n(&s->free_count, __ATOMIC_ACQUIRE); }
 
+uint32_t slots_sleepers(SlotsHeader* s) {
+    uint32_t count = __atomic_load_n(&s->waiting, __ATOMIC_SEQ_CST);
+    for (uint32_t w = 0; w < s->num_workers; w++) count += __atomic_load_n(&sleeping(s)[w], __ATOMIC_SEQ_CST);
+    return count;
+}
+
 int slots_reclaim(SlotsHeader* s, int32_t owner, double timeout, LockMode mode, size_t* num_reclaimed) {
     *num_reclaimed = 0;
     if (owner < 0) return FULL;  // FREE: the free slots would be pushed a second time

@@ -155,6 +155,8 @@ int slots_transfer(SlotsHeader* s, int32_t slot, int32_t from, uint32_t generati
 int32_t slots_owner(SlotsHeader* s, int32_t slot);
 uint32_t slots_generation(SlotsHeader* s, int32_t slot);
 uint32_t slots_free_count(SlotsHeader* s);
+// Processes and threads asleep in acquire or wait_any (tests check that a waiter really blocked).
+uint32_t slots_sleepers(SlotsHeader* s);
 // Frees every slot `owner` holds; *num_reclaimed says how many.
 int slots_reclaim(SlotsHeader* s, int32_t owner, double timeout, LockMode mode, size_t* num_reclaimed);
 void slots_close(SlotsHeader* s);

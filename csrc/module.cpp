@@ -369,6 +369,13 @@ PYBIND11_MODULE(appo_ipc, m) {
              "Wakes every waiter; every later call raises appo_ipc.Closed.")
         .def_property_readonly("closed", [](const Queue& q) { return q.header()->closed != 0; })
         .def_property_readonly("max_size_bytes", [](const Queue& q) { return q.header()->capacity; })
+        .def_property_readonly("sleepers",
+                               [](const Queue& q) {
+                                   return __atomic_load_n(&q.header()->waiting_getters, __ATOMIC_SEQ_CST) +
+                                          __atomic_load_n(&q.header()->waiting_putters, __ATOMIC_SEQ_CST);
+                               },
+                               "Callers asleep in get or put, in any process (tests check that a waiter "
+                               "really blocked).")
         .def_property_readonly("recoveries", [](const Queue& q) { return q.header()->recoveries; },
                                "How often a process died holding the lock and the ring was repaired.")
         .def("_hold_lock_forever",
@@ -467,6 +474,8 @@ PYBIND11_MODULE(appo_ipc, m) {
         .def_property_readonly("free_count", [](SlotControl& s) { return ipc::slots_free_count(s.header()); })
         .def_property_readonly("num_slots", [](SlotControl& s) { return s.header()->num_slots; })
         .def_property_readonly("recoveries", [](SlotControl& s) { return s.header()->recoveries; })
+        .def_property_readonly("sleepers", [](SlotControl& s) { return ipc::slots_sleepers(s.header()); },
+                               "Callers asleep in acquire or wait_any, in any process.")
         .def("close", [](SlotControl& s) { ipc::slots_close(s.header()); })
         .def("set_pending",
              [](SlotControl& s, uint32_t worker, uint32_t split, int32_t num_requests) {

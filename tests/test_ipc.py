@@ -38,6 +38,13 @@ def hold_lock_forever(shared_object, ready_path):
     shared_object._hold_lock_forever(ready_path)
 
 
+def wait_until(condition, what: str, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.005)
+
+
 def wait_for_file(path, timeout=60.0):
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -158,8 +165,7 @@ def test_close_wakes_a_blocked_getter_and_later_calls_raise():
 
     getter = threading.Thread(target=blocked_get)
     getter.start()
-    time.sleep(0.2)
-    assert getter.is_alive()  # it really blocks, and releases the GIL while it does
+    wait_until(lambda: q.sleepers == 1, "the getter sleeps")  # it really blocks, and releases the GIL while it does
     q.close()
     getter.join(timeout=5)
     assert not getter.is_alive() and len(outcome) == 1
@@ -179,6 +185,7 @@ def test_close_wakes_a_getter_in_another_process(spawn):
     deadline = time.monotonic() + 60
     while q.qsize() and time.monotonic() < deadline:  # the getter took it: it runs and waits again
         time.sleep(0.01)
+    wait_until(lambda: q.sleepers == 1, "the other process's getter sleeps")
     q.close()
     assert pickle.loads(results.get(timeout=20)) == [(7,)]
     process.join(timeout=10)
@@ -331,8 +338,7 @@ def test_a_blocked_acquire_wakes_when_a_slot_is_released():
     got = []
     waiter = threading.Thread(target=lambda: got.append(slots.acquire(owner=1, timeout=10)))
     waiter.start()
-    time.sleep(0.2)
-    assert waiter.is_alive()
+    wait_until(lambda: slots.sleepers == 1, "the acquirer sleeps")
     slots.release([held])
     waiter.join(timeout=5)
     assert got == [held]
@@ -366,7 +372,7 @@ def test_close_wakes_waiters_on_slots():
                threading.Thread(target=lambda: results.append(("acquire", slots.acquire(owner=1))))]
     for waiter in waiters[:1]:
         waiter.start()
-    time.sleep(0.2)
+    wait_until(lambda: slots.sleepers == 1, "wait_any sleeps")
     slots.close()
     waiters[0].join(timeout=5)
     assert results == [None]
