@@ -197,6 +197,8 @@ def main() -> int:
         appo.print_errors(errors)
         return 2
     shm_before = shm_entries()
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()  # the code this run loads
     killer = Killer(args, cfg)
     started = time.monotonic()
     exit_code = appo.train(cfg, watch=killer)
@@ -208,8 +210,7 @@ def main() -> int:
     restarts = killer.workers.num_restarts
     worker_kills = sum(count for kind, count in killer.kills.items() if kind != "game process")
     figures = {
-        "commit": subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": commit,
         "minutes": round(minutes, 2), "kills": sum(killer.kills.values()), "kills_by_kind": dict(killer.kills),
         "restarts": restarts, "unexpected_restarts": max(0, restarts - worker_kills),
         "stalled_splits": len(killer.stalled_splits), "longest_split_silence_s": round(killer.longest_split_silence, 1),
