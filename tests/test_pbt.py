@@ -192,14 +192,17 @@ def test_an_actor_handed_to_another_policy_sends_its_partial_slot_to_the_old_lea
         arrays["actions"][old_slot, 3:] = 99  # stale data from the slot's last use
         assert worker.hand_over(actor, new_policy)
         assert actor.policy_id == new_policy and actor.step == 0 and actor.slot != old_slot
-        assert shared.learner_queues[old_policy].get(timeout=1) == (old_slot,)
+        handed_off = shared.learner_queues[old_policy].get(timeout=1)
+        assert handed_off == (old_slot, shared.slots.control.generation(old_slot), 0)
         assert shared.learner_queues[new_policy].qsize() == 0
         assert arrays["valid"][old_slot].tolist() == [1.0] * 3 + [0.0] * 6
         assert (arrays["done"][old_slot, 2:] == 1).all() and (arrays["actions"][old_slot, 3:] == 0).all()
         assert (arrays["policy_version"][old_slot, 3:] == 7).all()
         assert np.array_equal(arrays["obs"][actor.slot, 0], arrays["obs"][old_slot, 3])  # continues from there
         assert (arrays["rnn_state"][actor.slot, 0] == 0).all()  # a new episode
-        assert shared.slots.control.owner(old_slot) == appo.learner_owner(cfg, old_policy)
+        assert shared.slots.control.owner(old_slot) == 0  # the worker's until the old learner takes it
+        slot, generation, worker_id = handed_off
+        assert shared.slots.control.transfer(slot, worker_id, generation, appo.learner_owner(cfg, old_policy))
     finally:
         worker.close()
 
