@@ -73,6 +73,8 @@ SYSTEM = {
 }
 # Sample Factory's launchers (scripts/setup_sample_factory.sh installs the two sf_train_* modules).
 SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
+# Where Sample Factory spells a game otherwise (its sf_examples/atari/atari_utils.py ATARI_ENVS).
+SF_ENV_NAMES = {"atari_space_invaders": "atari_spaceinvaders"}
 # Where a Sample Factory Doom env sets no true objective, its avg_true_objective is the sum of the
 # training rewards, which its doom_utils.py scales by DoomSpec.reward_scaling: undone here.
 SF_SCORE_SCALE = {"doom_basic": 100.0, "doom_deadly_corridor": 100.0}
@@ -170,6 +172,7 @@ def trainer_command(args, config: dict, train_dir: str) -> list[str]:
               "--experiment", "run", "--train_for_env_steps", str(config["frames"]), *config["extra_flags"]]
     if config["trainer"] == "appo":
         return [sys.executable, os.path.join(REPO, "appo.py"), *common, "--report_every_sec", "5"]
+    common[1] = SF_ENV_NAMES.get(env_name, env_name)
     return [args.sf_python, "-m", config["launcher"], *common, "--device", "cpu"]
 
 
@@ -361,16 +364,17 @@ def check_task(args, env_name: str) -> str:
     """One line: how the two trainers' tasks were matched, and what the probe found."""
     with tempfile.TemporaryDirectory() as folder:
         ours = probe(sys.executable, "appo", env_name, os.path.join(folder, "appo.npz"))
-        theirs = probe(args.sf_python, "sf", env_name, os.path.join(folder, "sf.npz"))
+        theirs = probe(args.sf_python, "sf", SF_ENV_NAMES.get(env_name, env_name), os.path.join(folder, "sf.npz"))
     if ours is None or theirs is None:
         return "probe failed"
     if not np.array_equal(ours["action_sizes"], theirs["action_sizes"]):
         return f"DIFFERENT action spaces {ours['action_sizes'].tolist()} / {theirs['action_sizes'].tolist()}"
-    if "ale" in ours:
+    if "ale" in ours:  # rewards are not compared: the no-op starts draw differently across ale-py versions
         same = np.array_equal(ours["ale"], theirs["ale"])
-        rom, sticky, skip, _ = ours["ale"].tolist()
-        return (f"{'same' if same else 'DIFFERENT'} ALE setup ({rom}, sticky actions {sticky}, frameskip 4 by "
-                f"max-and-skip); same wrapper stack; score of whole games")
+        sticky, ale_frameskip, _, rom = ours["ale"].tolist()  # task_probe.py's order; _ = the action meanings
+        return (f"{'same' if same else 'DIFFERENT'} ALE setup ({rom}, same actions, sticky-action probability "
+                f"{sticky}, ALE frameskip {ale_frameskip}: the wrappers' max-and-skip makes it 4); "
+                f"ale-py {ours['ale_version']} / {theirs['ale_version']}; score of whole games")
     steps = min(len(ours["rewards"]), len(theirs["rewards"]))
     same_rewards = np.allclose(ours["rewards"][:steps], theirs["rewards"][:steps], atol=1e-6)
     frames = min(len(ours["screens"]), len(theirs["screens"]))

@@ -94,6 +94,9 @@ def probe(env, steps: int, seed: int) -> dict:
     if hasattr(game, "ale"):
         result["ale"] = np.array([str(game.ale.getFloat("repeat_action_probability")), str(game.ale.getInt("frame_skip")),
                                   " ".join(game.get_action_meanings()), os.path.basename(str(game.ale.getString("rom_file")))])
+        import ale_py
+
+        result["ale_version"] = np.array(ale_py.__version__)
     else:
         result["screens"] = np.stack(screens)
     env.close()
