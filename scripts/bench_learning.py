@@ -19,7 +19,8 @@ The frame axis of every table and plot is env frames the learner has trained on,
 included: what Sample Factory's summaries count (its `env_steps`, with summaries_use_frameskip),
 and appo.py's `frames_trained` summary. The bench checks both trainers' saved configurations for
 it. Scores are each trainer's average over its last 100 finished games of the game's own score
-(appo.py: true_return; Sample Factory: avg_true_objective), on tasks the bench checks are the
+(appo.py: true_return; Sample Factory: avg_true_objective on Doom, RecordEpisodeStatistics_reward on
+Atari, where its episodes are lives and its rewards clipped), on tasks the bench checks are the
 same (see TASK MATCHING below and `task` in the table).
 
 The table gives per env: the budget, how the tasks were matched, appo.py's median score at the
@@ -78,7 +79,13 @@ SF_ENV_NAMES = {"atari_space_invaders": "atari_spaceinvaders"}
 # Where a Sample Factory Doom env sets no true objective, its avg_true_objective is the sum of the
 # training rewards, which its doom_utils.py scales by DoomSpec.reward_scaling: undone here.
 SF_SCORE_SCALE = {"doom_basic": 100.0, "doom_deadly_corridor": 100.0}
-APPO_SCORE_TAG, APPO_FRAMES_TAG, SF_SCORE_TAG = "p0/true_return", "p0/frames_trained", "policy_stats/avg_true_objective"
+APPO_SCORE_TAG, APPO_FRAMES_TAG = "p0/true_return", "p0/frames_trained"
+# Sample Factory's score of a finished game, by family. Its avg_true_objective is the sum of the
+# rewards of an *episode*; on Atari, EpisodicLifeEnv ends an episode at every lost life and
+# ClipRewardEnv clips its rewards, so that is a per-life, clipped sum. The whole game's raw score
+# is what gym's RecordEpisodeStatistics (the innermost wrapper in its atari_utils.py) puts in
+# info["episode"], which Sample Factory averages as RecordEpisodeStatistics_reward.
+SF_SCORE_TAGS = {"doom": "policy_stats/avg_true_objective", "atari": "policy_stats/avg_RecordEpisodeStatistics_reward"}
 # A run during which more than this share of the machine's CPU went to other jobs is marked.
 CONTENDED_SHARE = 0.05
 # Entries in /dev/shm that a killed trainer can leave: VizDoom's segments, multiprocessing's
@@ -289,7 +296,7 @@ def sf_curve(train_dir: str, started_at: float, env_name: str) -> list[list[floa
     scale = SF_SCORE_SCALE.get(env_name, 1.0)
     events = scalar_events(os.path.join(train_dir, "run", ".summary", "0"))
     return sorted(([event.wall_time - started_at, event.step, event.value * scale]
-                   for event in events.get(SF_SCORE_TAG, [])), key=lambda point: point[1])
+                   for event in events.get(SF_SCORE_TAGS[family(env_name)], [])), key=lambda point: point[1])
 
 
 def frame_axis_check(trainer: str, train_dir: str, env_name: str) -> str | None:
