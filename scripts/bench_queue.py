@@ -11,11 +11,12 @@ What it measures
     with get_many() (multiprocessing.Queue has none, so there it calls get()
     in a loop).  The clock starts when every producer is started and waiting
     on a start event (so process start-up is excluded) and stops when the
-    consumer has received every message.  Each (queue, case) is run --runs
-    times and the median is reported.  ours sends --messages per run (default
-    1,000,000); the slower faster_fifo and mp_queue send 1/5 and 1/20 of that,
-    so each run lasts roughly 0.5-2 s.  Other load on the machine skews the
-    numbers; the header shows the load average.
+    consumer has received every message.  Every queue sends the same
+    --messages per run, and the queues take turns run by run (ours, mp_queue,
+    faster_fifo, ours, ...), so a change in the machine's load falls on all of
+    them alike.  Each cell is the median of --runs runs, with the lowest and
+    highest run beside it.  Other load on the machine skews the numbers; the
+    header shows the load average.
 
 Queues compared
     ours         appo_ipc.Queue
@@ -25,7 +26,7 @@ Queues compared
 How to run
     python scripts/bench_queue.py                 # table, default sizes
     python scripts/bench_queue.py --json          # one JSON object per case
-    python scripts/bench_queue.py --runs 5 --messages 2000000
+    python scripts/bench_queue.py --runs 5 --messages 500000
 """
 
 import argparse
@@ -52,9 +53,6 @@ except ImportError:
 PRODUCER_COUNTS = (1, 2, 4, 8)
 QUEUE_NAMES = ("ours", "mp_queue", "faster_fifo")
 QUEUE_BYTES = 1 << 20
-# The slower queues get a fraction of --messages so every run lasts ~0.5-2 s;
-# rates (msgs/s) are what is compared, so the counts need not match.
-MESSAGE_FRACTION = {"ours": 1, "faster_fifo": 1 / 5, "mp_queue": 1 / 20}
 GET_MANY_BATCH = 4096
 # The whole run may not take longer than this; a stuck run raises instead of hanging.
 RUN_TIMEOUT_S = 120.0
@@ -197,11 +195,22 @@ def time_one_run(name, producers, total):
     return total / elapsed_s
 
 
-def median_rate(name, producers, total, runs):
-    """Median msgs/s over `runs` runs, or None when the queue is not installed."""
-    if name == "faster_fifo" and faster_fifo is None:
-        return None
-    return statistics.median(time_one_run(name, producers, total) for _ in range(runs))
+def installed(name):
+    return name != "faster_fifo" or faster_fifo is not None
+
+
+def measure_case(producers, total, runs):
+    """msgs/s of every installed queue for one producer count: the queues take turns run by run.
+    A row: median per queue (None where not installed) and its runs under "<name>_runs"."""
+    rates = {name: [] for name in QUEUE_NAMES if installed(name)}
+    for _ in range(runs):
+        for name in rates:
+            rates[name].append(time_one_run(name, producers, total))
+    row = {"case": f"{producers}->1"}
+    for name in QUEUE_NAMES:
+        row[name] = statistics.median(rates[name]) if name in rates else None
+        row[f"{name}_runs"] = rates.get(name, [])
+    return row
 
 
 # ---------------------------------------------------------------- output
@@ -224,12 +233,20 @@ def format_ratio(numerator, denominator):
 TABLE_COLUMNS = ("case", "ours", "mp_queue", "faster_fifo", "ours/faster_fifo", "ours/mp_queue")
 
 
+def format_spread(row, name):
+    """The median, and the lowest and highest run: '1.12M (1.05M-1.20M)'."""
+    runs = row[f"{name}_runs"]
+    if not runs:
+        return "n/a"
+    return f"{format_rate(row[name])} ({format_rate(min(runs))}-{format_rate(max(runs))})"
+
+
 def table_row(row):
     cells = (
         row["case"],
-        format_rate(row["ours"]),
-        format_rate(row["mp_queue"]),
-        format_rate(row["faster_fifo"]),
+        format_spread(row, "ours"),
+        format_spread(row, "mp_queue"),
+        format_spread(row, "faster_fifo"),
         format_ratio(row["ours"], row["faster_fifo"]),
         format_ratio(row["ours"], row["mp_queue"]),
     )
@@ -237,7 +254,8 @@ def table_row(row):
 
 
 def format_cells(cells):
-    return "  ".join(cell.rjust(max(len(column), 8)) for cell, column in zip(cells, TABLE_COLUMNS))
+    return "  ".join(cell.rjust(max(len(column), 22 if i in (1, 2, 3) else 8))
+                     for i, (cell, column) in enumerate(zip(cells, TABLE_COLUMNS)))
 
 
 def print_row(row, as_json):
@@ -257,21 +275,22 @@ def parse_args(argv=None):
             "for 1, 2, 4 and 8 producer processes (spawn) putting small int tuples with "
             "put() into one consumer (the main process) that reads with get_many() "
             "(get() in a loop for multiprocessing.Queue). Start-up is excluded; the "
-            "median of --runs runs is reported."
+            "queues take turns run by run, and the median of --runs runs is reported "
+            "with the lowest and highest."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--messages", type=int, default=1_000_000,
-                        help="total messages per run for ours, split evenly over the "
-                             "producers; faster_fifo gets 1/5 and mp_queue 1/20 of it, "
-                             "since they are slower")
+    parser.add_argument("--messages", type=int, default=500_000,
+                        help="messages per run, the same for every queue, split evenly "
+                             "over the producers (multiprocessing.Queue takes ~5-10 s for "
+                             "the default)")
     parser.add_argument("--runs", type=int, default=3,
                         help="runs per (queue, case); the median is reported")
     parser.add_argument("--json", action="store_true",
                         help='print one JSON object per case instead of a table, e.g. '
-                             '{"case": "4->1", "ours": 1234567.0, "mp_queue": ..., '
-                             '"faster_fifo": null}; rates are messages per second, null where a '
-                             'queue is not installed')
+                             '{"case": "4->1", "ours": 1234567.0, "ours_runs": [...], "mp_queue": ..., '
+                             '"faster_fifo": null, "faster_fifo_runs": []}; rates are messages per '
+                             'second (medians, and every run), null where a queue is not installed')
     args = parser.parse_args(argv)
     if args.messages < 1 or args.runs < 1:
         parser.error("--messages and --runs must be at least 1")
@@ -280,18 +299,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    messages_for = {name: max(1, int(args.messages * fraction))
-                    for name, fraction in MESSAGE_FRACTION.items()}
     if not args.json:
-        counts = ", ".join(f"{name} {count}" for name, count in messages_for.items())
-        print(f"msgs/s, median of {args.runs} runs; messages per run: {counts}; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+        print(f"msgs/s, median (lowest-highest) of {args.runs} runs, queues taking turns run by run; "
+              f"{args.messages:,} messages a run; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
         print(format_cells(TABLE_COLUMNS))
     for producers in PRODUCER_COUNTS:
-        row = {"case": f"{producers}->1"}
-        for name in QUEUE_NAMES:
-            row[name] = median_rate(name, producers, messages_for[name], args.runs)
-        print_row(row, args.json)
+        print_row(measure_case(producers, args.messages, args.runs), args.json)
 
 
 if __name__ == "__main__":
