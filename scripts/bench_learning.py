@@ -379,7 +379,7 @@ def check_task(args, env_name: str) -> str:
     if "ale" in ours:  # rewards are not compared: the no-op starts draw differently across ale-py versions
         same = np.array_equal(ours["ale"], theirs["ale"])
         sticky, ale_frameskip, _, rom = ours["ale"].tolist()  # task_probe.py's order; _ = the action meanings
-        return (f"{'same' if same else 'DIFFERENT'} ALE setup ({rom}, same actions, sticky-action probability "
+        return (f"{'same' if same else 'DIFFERENT'} ALE setup ({rom}, sticky-action probability "
                 f"{sticky}, ALE frameskip {ale_frameskip}: the wrappers' max-and-skip makes it 4); "
                 f"ale-py {ours['ale_version']} / {theirs['ale_version']}; score of whole games")
     steps = min(len(ours["rewards"]), len(theirs["rewards"]))

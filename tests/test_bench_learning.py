@@ -48,6 +48,19 @@ def test_the_table_compares_medians_and_counts_a_seed_that_never_got_there_as_sl
     assert row["appo_s_to_sf_final_median"] is None and row["time_ratio"] is None
 
 
+def test_sample_factorys_score_is_the_whole_games_raw_score_on_atari_and_the_true_objective_on_doom(tmp_path):
+    """On Atari Sample Factory's avg_true_objective sums the clipped rewards of one life; the raw
+    score of a whole game is its RecordEpisodeStatistics_reward. doom_basic's is scaled by 0.01."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(os.path.join(tmp_path, "run", ".summary", "0")) as writer:
+        for step, per_life, game in ((1000, 4.0, 30.0), (2000, 5.0, 42.0)):
+            writer.add_scalar("policy_stats/avg_true_objective", per_life, step)
+            writer.add_scalar("policy_stats/avg_RecordEpisodeStatistics_reward", game, step)
+    assert [point[1:] for point in bench.sf_curve(str(tmp_path), 0.0, "atari_breakout")] == [[1000, 30.0], [2000, 42.0]]
+    assert [point[1:] for point in bench.sf_curve(str(tmp_path), 0.0, "doom_basic")] == [[1000, 400.0], [2000, 500.0]]
+
+
 def test_a_run_that_shared_the_machine_is_marked():
     sf = [run("sf", 1, [[100.0, 1000.0, 10.0]], 100.0, share=0.3)]
     row = bench.summarize_env("doom_x", 1000, {"appo": [], "sf": sf}, "same")
