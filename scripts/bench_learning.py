@@ -174,12 +174,12 @@ def save_json(path: str, data: dict):
 # ---------------------------------------------------------------------------------------------
 
 def trainer_command(args, config: dict, train_dir: str) -> list[str]:
-    env_name, seed = config["env"], config["seed"]
-    common = ["--env", env_name, *config["system"], "--seed", str(seed), "--train_dir", train_dir,
+    appo = config["trainer"] == "appo"
+    env_name = config["env"] if appo else SF_ENV_NAMES.get(config["env"], config["env"])
+    common = ["--env", env_name, *config["system"], "--seed", str(config["seed"]), "--train_dir", train_dir,
               "--experiment", "run", "--train_for_env_steps", str(config["frames"]), *config["extra_flags"]]
-    if config["trainer"] == "appo":
+    if appo:
         return [sys.executable, os.path.join(REPO, "appo.py"), *common, "--report_every_sec", "5"]
-    common[1] = SF_ENV_NAMES.get(env_name, env_name)
     return [args.sf_python, "-m", config["launcher"], *common, "--device", "cpu"]
 
 

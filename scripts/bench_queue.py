@@ -254,8 +254,9 @@ def table_row(row):
 
 
 def format_cells(cells):
-    return "  ".join(cell.rjust(max(len(column), 22 if i in (1, 2, 3) else 8))
-                     for i, (cell, column) in enumerate(zip(cells, TABLE_COLUMNS)))
+    # a queue's cell holds a median and its range: '1.02M (947k-1.10M)'
+    return "  ".join(cell.rjust(max(len(column), 22 if column in QUEUE_NAMES else 8))
+                     for cell, column in zip(cells, TABLE_COLUMNS))
 
 
 def print_row(row, as_json):
