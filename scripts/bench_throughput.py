@@ -12,8 +12,9 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
   ours       appo.py's steady training FPS with its defaults (a bfloat16 encoder where the
              hardware has it), with how busy each kind of process was and the policy lag
   ours_fp32  the same with --encoder_dtype float32: Sample Factory's precision
-  sf         Sample Factory 2.1.1 with the same configuration, from its own log (needs
-             --sf_python; scripts/setup_sample_factory.sh makes that interpreter)
+  sf         Sample Factory 2.1.1 with the same configuration and the same SGD work per batch
+             (epochs, minibatches), asynchronous like ours, from its own log (needs --sf_python;
+             scripts/setup_sample_factory.sh makes that interpreter)
 
 Both trainers are measured alike: FPS is env frames *trained* per second (frameskip included;
 what Sample Factory's "Fps is" line counts), the median of 10-second windows that start after
@@ -336,11 +337,22 @@ def sample_factory_command(args, flags: list[str], train_dir: str) -> list[str]:
     family = args.env.split("_")[0]
     if family not in SF_MODULES:
         raise SystemExit(f"error: --sf_python: Sample Factory's launchers cover doom_* and atari_* only, not {args.env}")
-    command = [args.sf_python, "-m", SF_MODULES[family], *flags, "--device", "cpu", "--train_dir", train_dir,
-               "--experiment", "bench", "--train_for_env_steps", str(10**12), *NO_CHECKPOINTS]
-    if family == "atari":  # its Atari defaults are synchronous with 4 epochs x 4 batches; ours: async, 1 x 1
-        command += ["--async_rl", "True", "--num_epochs", "1", "--num_batches_per_epoch", "1"]
-    return command
+    return [args.sf_python, "-m", SF_MODULES[family], *flags, *same_sgd_work_for_sample_factory(args, flags),
+            "--device", "cpu", "--train_dir", train_dir, "--experiment", "bench",
+            "--train_for_env_steps", str(10**12), *NO_CHECKPOINTS]
+
+
+def same_sgd_work_for_sample_factory(args, flags: list[str]) -> list[str]:
+    """Sample Factory's flags for the SGD work appo.py does on a batch, so that both learners
+    compute the same per sample (the Atari family's defaults take 4 epochs of 4 minibatches, Doom's
+    one step). Sample Factory's --batch_size is one minibatch, appo.py's the whole batch split
+    into --num_batches_per_epoch. Collection is asynchronous on both sides: appo.py has no
+    synchronous mode, and Sample Factory's (its Atari default) would stop its envs while it trains.
+    Given after the shared flags: Sample Factory's parser keeps the last value of a flag."""
+    ours = appo.parse_args(flags + args.trainer_flags)
+    return ["--batch_size", str(ours.batch_size // ours.num_batches_per_epoch),
+            "--num_batches_per_epoch", str(ours.num_batches_per_epoch), "--num_epochs", str(ours.num_epochs),
+            "--async_rl", "True"]
 
 
 def sf_reports_training(line: str) -> bool:

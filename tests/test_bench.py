@@ -40,6 +40,24 @@ def test_the_benchmark_reads_sample_factorys_fps_line():
     assert bench.SF_FPS.search(first).group(1) == "nan" and not bench.sf_reports_training(first)
 
 
+@pytest.mark.parametrize("env_name, minibatch, minibatches, epochs", [
+    ("doom_basic", 512, 1, 1),  # the Doom family: one SGD step a batch
+    ("atari_breakout", 128, 4, 4),  # the Atari family: 4 epochs of 4 minibatches
+])
+def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_name, minibatch, minibatches, epochs):
+    args = types.SimpleNamespace(env=env_name, num_workers=2, worker_num_splits=2, batch_size=512, rollout=32,
+                                 sf_python="sf-python", trainer_flags=[])
+    command = bench.sample_factory_command(args, bench.trainer_config(args, 8), "/tmp/sf-train-dir")
+
+    def last_value(flag):  # what Sample Factory's argparse keeps
+        return command[len(command) - 1 - command[::-1].index(flag) + 1]
+
+    assert last_value("--batch_size") == str(minibatch)  # Sample Factory's batch is one minibatch
+    assert last_value("--num_batches_per_epoch") == str(minibatches)
+    assert last_value("--num_epochs") == str(epochs)
+    assert last_value("--async_rl") == "True" and last_value("--rollout") == "32"
+
+
 def test_steady_windows_report_the_median_and_the_worst_window():
     result = bench.steady_windows([100.0, 110.0, 90.0, 80.0])
     assert result["fps"] == 95.0 and result["windows"] == 4
