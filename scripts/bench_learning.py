@@ -427,6 +427,7 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
             "wall_s": [r["wall_s"] for r in ok],
             "commit": sorted({r["commit"] for r in ok}),
             "code": sorted({r["config"].get("code", "-") for r in ok}),
+            "extra_flags": extra_flags_of(ok),
             "shared_machine": [f"seed {r['config']['seed']}: {r['other_cpu_share']:.0%} of the CPU went elsewhere"
                                for r in ok if r.get("other_cpu_share", 0.0) > CONTENDED_SHARE],
         }
@@ -445,6 +446,11 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
         row["time_ratio"] = (row["appo_s_to_sf_final_median"] / sf_wall
                              if sf_wall and row["appo_s_to_sf_final_median"] is not None else None)
     return row
+
+
+def extra_flags_of(runs: list[dict]) -> list[str]:
+    """The --appo_flags/--sf_flags the runs were given (one list: a results folder holds one variant)."""
+    return list(dict.fromkeys(flag for r in runs for flag in r["config"].get("extra_flags", [])))
 
 
 def minutes(values: list) -> str:
@@ -479,6 +485,9 @@ def format_table(rows: list[dict]) -> str:
     if shared:
         lines += ["", "Runs that shared the machine with another job (their wall-clock reads slow):",
                   *[f"- {s}" for s in shared]]
+    flags = list(dict.fromkeys(flag for row in rows for flag in row["appo"]["extra_flags"]))
+    if flags:
+        lines += ["", f"appo.py ran with these flags beyond its defaults: {' '.join(flags)}"]
     codes = sorted({c for row in rows for c in row["appo"]["code"]})
     commits = sorted({c[:7] for row in rows for c in row["appo"]["commit"]})
     current = appo_code_hash()
@@ -505,9 +514,11 @@ def plot_env(env_name: str, results: dict[str, list[dict]], path: str):
 
     figure, (by_frames, by_time) = plt.subplots(1, 2, figsize=(11, 4))
     for trainer, label, color in (("appo", "appo.py", "tab:blue"), ("sf", "Sample Factory 2.1.1", "tab:orange")):
-        curves = [r["curve"] for r in results.get(trainer, []) if r["status"] == "ok" and len(r["curve"]) > 1]
+        runs = [r for r in results.get(trainer, []) if r["status"] == "ok" and len(r["curve"]) > 1]
+        curves = [r["curve"] for r in runs]
         if not curves:
             continue
+        label = " ".join([label, *extra_flags_of(runs)])  # an ablation's curve names what it changed
         for axis, panel, scale in ((1, by_frames, 1e6), (0, by_time, 60.0)):
             grid = np.linspace(0, max(max(p[axis] for p in c) for c in curves), 200)
             median, low, high = band(curves, axis, grid)

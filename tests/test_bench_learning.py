@@ -67,6 +67,16 @@ def test_a_run_that_shared_the_machine_is_marked():
     assert "30% of the CPU went elsewhere" in bench.format_table([row])
 
 
+def test_an_ablations_table_names_the_flags_it_changed():
+    appo = [run("appo", seed, [[60.0, 1000.0, 5.0]], 60.0) for seed in (1, 2)]
+    for result in appo:
+        result["config"]["extra_flags"] = ["--encoder_dtype", "float32"]
+    row = bench.summarize_env("doom_x", 1000, {"appo": appo, "sf": []}, "same")
+    assert "flags beyond its defaults: --encoder_dtype float32\n" in bench.format_table([row])
+    plain = bench.summarize_env("doom_x", 1000, {"appo": [run("appo", 1, [[60.0, 1000.0, 5.0]], 60.0)], "sf": []}, "same")
+    assert "beyond its defaults" not in bench.format_table([plain])
+
+
 def test_any_change_to_the_trainer_or_the_flags_changes_the_saved_configurations_key(monkeypatch):
     args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo"])
     key = bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
