@@ -17,8 +17,9 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
              scripts/setup_sample_factory.sh makes that interpreter)
 
 Both trainers are measured alike: FPS is env frames *trained* per second (frameskip included;
-what Sample Factory's "Fps is" line counts), the median of 10-second windows that start after
---warmup seconds counted from the trainer's first report of trained frames, and neither writes
+what Sample Factory's "Fps is" line counts), the frames trained between the first report after
+--warmup seconds (counted from the trainer's first report of trained frames) and the last report
+before it is stopped, over the seconds between them; neither writes
 checkpoints during the run. The table gives ours/pure sim, ours/ceiling, ours/SF and
 ours_fp32/SF (like for like). `--json` prints
 the same figures as JSON; `--sweep 2,4,8` repeats everything for several envs per worker and
@@ -291,6 +292,24 @@ def steady_windows(values: list[float]) -> dict:
             "within_10_percent": sum(d <= 0.1 for d in deviations) / len(deviations), "window_fps": values}
 
 
+def span_rate(points: list[tuple[float, int]]) -> float | None:
+    """Frames trained per second from the first to the last (seconds, total frames trained) point.
+    A trainer's count grows a whole batch at a time (4,096 frames at batch 1024 and frameskip 4),
+    so a 10-second window holds a whole number of batches and its FPS can only take a few values
+    (Sample Factory's Atari windows read 819, 1,229 or 1,638); over the whole span that error is at
+    most a batch at each end."""
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+def measured_fps(windows: list[float], points: list[tuple[float, int]]) -> dict:
+    """The span's rate as the figure; the 10-second windows say how steady it was."""
+    result = steady_windows(windows)
+    result["fps"] = span_rate(points) if windows else None
+    return result
+
+
 OURS_TRAINED = re.compile(r"trained ([\d,]+)")
 OURS_BUSY = re.compile(r"busy env (\d+)% inference (\d+)% learner (\d+)%")
 OURS_LAG = re.compile(r"lag \d+/([\d.]+)/\d+")
@@ -303,21 +322,21 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
         command = [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags, *extra_flags,
                    "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", "10", *NO_CHECKPOINTS]
         lines = run_logged_until(command, args.warmup + args.seconds + 10, started=trained_frames_of_ours)
-    fps, busy, lags, previous = [], [], [], None
+    fps, busy, lags, points = [], [], [], []
     start = next((when for when, line in lines if trained_frames_of_ours(line)), None)
     for when, line in lines:
         frames = trained_frames_of_ours(line)
         if not frames or when < start + args.warmup:  # (no trained line at all: start is None, never here)
             continue
-        if previous is not None:
-            fps.append((frames - previous[1]) / (when - previous[0]))
+        if points:
+            fps.append((frames - points[-1][1]) / (when - points[-1][0]))
             if OURS_BUSY.search(line):
                 busy.append([float(v) for v in OURS_BUSY.search(line).groups()])
             if OURS_LAG.search(line):
                 lags.append(float(OURS_LAG.search(line).group(1)))
-        previous = (when, frames)
-    fps = fps[:-1]  # the last line is printed at shutdown, over a part-window
-    result = steady_windows(fps)
+        points.append((when, frames))
+    fps, points = fps[:-1], points[:-1]  # the last line is printed at shutdown, over a part-window
+    result = measured_fps(fps, points)
     if not fps:
         result["log_tail"] = [line for _, line in lines[-15:]]
     if busy:
@@ -327,6 +346,7 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
 
 
 SF_FPS = re.compile(r"Fps is \(10 sec: (nan|[\d.]+),")
+SF_TOTAL = re.compile(r"Total num frames: (\d+)")
 # scripts/setup_sample_factory.sh installs sf_train_atari_ale: Sample Factory's Atari launcher with
 # ale-py imported first (ale-py 0.9 registers the Atari ids only when imported, and Sample Factory's
 # spawned workers re-import the launcher module, so a `python -c` wrapper is not enough).
@@ -373,15 +393,17 @@ def measure_sample_factory(args, flags: list[str]) -> dict:
         if name.startswith("sem.mp-") and name not in semaphores_before:
             os.unlink(os.path.join("/dev/shm", name))
     first_fps = next((when for when, line in lines if sf_reports_training(line)), None)
-    fps, last_time = [], None
+    fps, last_time, points = [], None, []
     for when, line in lines:
         match = SF_FPS.search(line)
         if not match or first_fps is None or when < first_fps + args.warmup:
             continue
+        if SF_TOTAL.search(line):
+            points.append((when, int(SF_TOTAL.search(line).group(1))))
         if last_time is None or when - last_time >= 9.5:  # its 10-second windows, without overlap
             fps.append(float(match.group(1)))
             last_time = when
-    result = steady_windows(fps)
+    result = measured_fps(fps, points)
     if not fps:
         result["log_tail"] = [line for _, line in lines[-15:]]
     return result

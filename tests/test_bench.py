@@ -58,6 +58,16 @@ def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_na
     assert last_value("--async_rl") == "True" and last_value("--rollout") == "32"
 
 
+def test_fps_is_the_rate_over_the_whole_span_not_a_median_of_batch_quantised_windows():
+    # Sample Factory's totals on Atari at batch 1024: 4,096 frames a batch, three or two batches a window
+    points = [(0.0, 0), (10.0, 12_288), (20.0, 24_576), (30.0, 32_768), (40.0, 45_056)]
+    windows = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(points, points[1:])]
+    assert bench.steady_windows(windows)["fps"] == pytest.approx(1_228.8)  # windows of 1,228.8 or 819.2
+    result = bench.measured_fps(windows, points)
+    assert result["fps"] == pytest.approx(45_056 / 40.0) and result["window_fps"] == windows
+    assert bench.span_rate(points[:1]) is None and bench.measured_fps([], [])["fps"] is None
+
+
 def test_steady_windows_report_the_median_and_the_worst_window():
     result = bench.steady_windows([100.0, 110.0, 90.0, 80.0])
     assert result["fps"] == 95.0 and result["windows"] == 4
