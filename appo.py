@@ -162,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(ELU for convnet_simple, ReLU for convnet_atari and resnet)")
     model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=False,
                        help="normalise each observation element by its running mean and std")
-    # auto rather than float32: on this project's bench, bfloat16 showed no score cost at equal frames on
-    # doom_basic and atari_space_invaders and trained 1.2x and 1.9x faster (README, "bfloat16 or float32")
+    # auto rather than float32: on this project's learning bench bfloat16 showed no score cost at equal
+    # frames on doom_basic and atari_space_invaders, and it trains faster (README, "bfloat16 or float32")
     model.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                        help="precision of the encoder (convs and the FC after them), which is most of the compute; "
                             "the RNN, heads, losses and the weights themselves stay float32. auto: bfloat16 where "

@@ -296,7 +296,7 @@ def span_rate(points: list[tuple[float, int]]) -> float | None:
     """Frames trained per second from the first to the last (seconds, total frames trained) point.
     A trainer's count grows a whole batch at a time (4,096 frames at batch 1024 and frameskip 4),
     so a 10-second window holds a whole number of batches and its FPS can only take a few values
-    (Sample Factory's Atari windows read 819, 1,229 or 1,638); over the whole span that error is at
+    (Sample Factory's Atari windows read 819 or 1,229); over the whole span that error is at
     most a batch at each end."""
     if len(points) < 2 or points[-1][0] <= points[0][0]:
         return None
