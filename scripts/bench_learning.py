@@ -448,9 +448,10 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
     return row
 
 
-def extra_flags_of(runs: list[dict]) -> list[str]:
-    """The --appo_flags/--sf_flags the runs were given (one list: a results folder holds one variant)."""
-    return list(dict.fromkeys(flag for r in runs for flag in r["config"].get("extra_flags", [])))
+def extra_flags_of(runs: list[dict]) -> str:
+    """The --appo_flags/--sf_flags the runs were given, each distinct set once ("" for none)."""
+    given = dict.fromkeys(" ".join(r["config"].get("extra_flags", [])) for r in runs)
+    return " / ".join(flags for flags in given if flags)
 
 
 def minutes(values: list) -> str:
@@ -485,9 +486,9 @@ def format_table(rows: list[dict]) -> str:
     if shared:
         lines += ["", "Runs that shared the machine with another job (their wall-clock reads slow):",
                   *[f"- {s}" for s in shared]]
-    flags = list(dict.fromkeys(flag for row in rows for flag in row["appo"]["extra_flags"]))
+    flags = " / ".join(dict.fromkeys(row["appo"]["extra_flags"] for row in rows if row["appo"]["extra_flags"]))
     if flags:
-        lines += ["", f"appo.py ran with these flags beyond its defaults: {' '.join(flags)}"]
+        lines += ["", f"appo.py ran with these flags beyond its defaults: {flags}"]
     codes = sorted({c for row in rows for c in row["appo"]["code"]})
     commits = sorted({c[:7] for row in rows for c in row["appo"]["commit"]})
     current = appo_code_hash()
@@ -518,7 +519,7 @@ def plot_env(env_name: str, results: dict[str, list[dict]], path: str):
         curves = [r["curve"] for r in runs]
         if not curves:
             continue
-        label = " ".join([label, *extra_flags_of(runs)])  # an ablation's curve names what it changed
+        label = f"{label} {extra_flags_of(runs)}".strip()  # an ablation's curve names what it changed
         for axis, panel, scale in ((1, by_frames, 1e6), (0, by_time, 60.0)):
             grid = np.linspace(0, max(max(p[axis] for p in c) for c in curves), 200)
             median, low, high = band(curves, axis, grid)

@@ -398,8 +398,8 @@ def measure_sample_factory(args, flags: list[str]) -> dict:
         match = SF_FPS.search(line)
         if not match or first_fps is None or when < first_fps + args.warmup:
             continue
-        if SF_TOTAL.search(line):
-            points.append((when, int(SF_TOTAL.search(line).group(1))))
+        if total := SF_TOTAL.search(line):
+            points.append((when, int(total.group(1))))
         if last_time is None or when - last_time >= 9.5:  # its 10-second windows, without overlap
             fps.append(float(match.group(1)))
             last_time = when
