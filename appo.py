@@ -203,7 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the value head predicts returns scaled by their running mean and std, "
                            "so the critic sees unit-scale targets whatever the reward scale")
     algo.add_argument("--max_policy_lag", type=int, default=100,
-                      help="drop transitions made by a policy more than this many SGD steps old")
+                      help="drop transitions made by a policy more than this many versions (batches) old")
+    algo.add_argument("--async_rl", action=argparse.BooleanOptionalAction, default=True,
+                      help="rollout workers collect the next batch while the learner trains on this one, so "
+                           "it is acted by weights a version or two old; --no-async_rl takes turns (Sample "
+                           "Factory's synchronous mode, the Atari and gym: families' default): each env collects "
+                           "its share of a batch, then waits for the weights trained on it, and every batch is "
+                           "acted by the latest weights. Needs --batch_size to be a whole number of rollouts of "
+                           "every env (num_workers x num_envs_per_worker x agents x rollout); a family default "
+                           "that does not fit falls back to asynchronous, with a note")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate")
@@ -294,6 +302,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     known, _ = parser.parse_known_args(argv)
     parser.set_defaults(**envs.env_defaults(known.env))
     cfg = parser.parse_args(argv)
+    if not cfg.async_rl and not any(arg.split("=")[0] in ("--async_rl", "--no-async_rl") for arg in argv):
+        fall_back_to_async_rl_unless_batches_fit(cfg)
     if cfg.device == "auto":
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.env_frameskip is None:
@@ -308,6 +318,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if cfg.encoder_dtype == "auto":
         cfg.encoder_dtype = "bfloat16" if native_bfloat16(cfg.device) else "float32"
     return cfg
+
+
+def samples_per_rollout_of_every_env(cfg, num_agents: int) -> int:
+    """What one rollout of every env of this rank gives: --no-async_rl collects whole multiples of it
+    between two batches."""
+    return cfg.num_workers * cfg.num_envs_per_worker * num_agents * cfg.rollout
+
+
+def fall_back_to_async_rl_unless_batches_fit(cfg):
+    """A family's synchronous default (Sample Factory's) holds only where a batch is whole rollouts of
+    every env; with other worker counts the run goes asynchronous rather than failing on a default."""
+    num_agents = envs.num_agents_of(cfg.env) or 1
+    samples = samples_per_rollout_of_every_env(cfg, num_agents)
+    if samples > 0 and cfg.batch_size > 0 and cfg.batch_size % samples == 0:
+        return
+    cfg.async_rl = True
+    if cfg.mode != "train":  # evaluation collects no batches
+        return
+    print(f"note: {cfg.env} trains synchronously by default (Sample Factory's configuration for its family), "
+          f"but a rollout of every env gives {samples:,} samples and --batch_size {cfg.batch_size} is not a "
+          "multiple of them: training asynchronously. For synchronous training make it one (or change "
+          "--num_workers, --num_envs_per_worker, --rollout) and pass --no-async_rl", flush=True)
 
 
 def native_bfloat16(device: str) -> bool:
@@ -401,6 +433,8 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                              and 0 < cfg.pbt_replace_fraction <= 0.5 and cfg.pbt_period_env_steps > 0):
         errors.append("PBT flags out of range: --pbt_mutation_rate in [0, 1], --pbt_mutation_factor above 1, "
                       "--pbt_replace_fraction in (0, 0.5], --pbt_period_env_steps positive")
+    if not cfg.async_rl:
+        errors += synchronous_errors(cfg, envs.num_agents_of(cfg.env))
     if cfg.world_size > 1 and cfg.serial_mode:
         errors.append("--serial_mode under torchrun: serial mode is one process on one machine; drop one of them")
     if cfg.world_size > 1 and cfg.num_policies != 1:
@@ -1279,6 +1313,8 @@ class Actor:
         self.env_id, self.agent, self.policy_id = env_id, agent, policy_id
         self.slot, self.step = -1, 0
         self.reward_shaping_version = -1  # version of its policy's hyperparameters the env applies
+        # the policy version that acted its last handed-off slot, and how many slots in a row it acted
+        self.handed_version, self.handed_count = -1, 0
 
 
 def env_action(action_space, action_row: np.ndarray):
@@ -1329,6 +1365,9 @@ class RolloutWorker:
         self.episodes_per_env = [0] * len(self.envs)
         self.past_policy = past_policy_id(cfg)
         self.has_reward_shaping = any(name.startswith("reward/") for name in shared.hyperparams.names)
+        # --no-async_rl: each actor's share of a batch, and the splits waiting for the weights trained on theirs
+        self.rollouts_per_batch = max(1, cfg.batch_size // (cfg.num_workers * len(self.actors) * cfg.rollout))
+        self.parked: list[int] = []
 
     def make_env(self, env_id: int):
         self.shared.run.beat(self.process_index)  # env creation can be slow (DMLab compiles levels)
@@ -1414,6 +1453,9 @@ class RolloutWorker:
         # The next slot starts from a copy: once handed off, the full slot may be trained on, freed
         # and taken by another worker while this one still waits for a free slot.
         carried = {key: self.arrays[key][full_slot, last_step].copy() for key in self.obs_keys + ["rnn_state"]}
+        version = int(self.arrays["policy_version"][full_slot, last_step - 1])
+        actor.handed_count = actor.handed_count + 1 if version == actor.handed_version else 1
+        actor.handed_version = version
         # The slot stays this worker's until the learner takes it (Learner.claim): a death at any
         # line here leaves it either reclaimable by the runner or on its way to the learner.
         self.shared.learner_queues[actor.policy_id].put(
@@ -1423,6 +1465,31 @@ class RolloutWorker:
         for key, value in carried.items():
             self.arrays[key][actor.slot, 0] = value
         return True
+
+    def ask_for_actions(self, split: int):
+        """After a step of the split: its next actions, unless --no-async_rl parks it until new weights."""
+        if self.cfg.async_rl or not self.has_share_of_batch(split):
+            self.request_actions(split)
+        else:
+            self.parked.append(split)
+
+    def has_share_of_batch(self, split: int) -> bool:
+        """--no-async_rl: has every actor of the split handed off its share of a batch, acted by the
+        latest weights? Then its next rollout waits for the weights trained on that batch. Only when
+        all of them have: an actor that restarted its slot (its env was remade after a fault) must
+        not be held back, or its slot would be missing from the batch that everyone waits for."""
+        learner_version = self.shared.run.learner_version
+        return all(actor.step == 0 and actor.handed_count >= self.rollouts_per_batch
+                   and actor.handed_version >= int(learner_version[actor.policy_id])
+                   for actor in self.split_actors[split])
+
+    def resume_parked(self):
+        """Asks for the actions of every parked split whose new weights have arrived."""
+        waiting = [split for split in self.parked if self.has_share_of_batch(split)]
+        for split in self.parked:
+            if split not in waiting:
+                self.request_actions(split)
+        self.parked = waiting
 
     def step_split(self, split: int) -> bool:
         frames = 0
@@ -1519,12 +1586,14 @@ class RolloutWorker:
         while not self.shared.run.should_stop() and parent_alive(parent):
             self.shared.run.beat(self.process_index)
             self.resend_lost_requests()
-            split = self.slots.control.wait_any(self.worker_id, timeout=0.5)
+            self.resume_parked()
+            # a parked split waits for the learner, which wakes no one: look again soon
+            split = self.slots.control.wait_any(self.worker_id, timeout=0.001 if self.parked else 0.5)
             if split is None:
                 continue
             if not self.step_split(split):
                 return
-            self.request_actions(split)
+            self.ask_for_actions(split)
             if time.monotonic() - last_report > 2.0:
                 self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.env_step_s})
                 self.env_step_s = 0.0
@@ -1628,11 +1697,12 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
     busy_s, last_report = 0.0, time.monotonic()
     while not shared.run.should_stop() and parent_alive(parent):
         shared.run.beat(process_index)
-        worker.load_latest_weights()
         try:
             requests = worker.requests.get_many(timeout=0.5)
         except queue.Empty:
             continue
+        # after the wait, not before it: requests that waited for new weights (--no-async_rl) get them
+        worker.load_latest_weights()
         start = time.perf_counter()
         worker.act_on(requests)
         busy_s += time.perf_counter() - start
@@ -2299,9 +2369,10 @@ class SerialRun:
             policy_worker.act_on(drain(policy_worker.requests))
         acted = time.perf_counter()
         for worker in self.rollout_workers:
+            worker.resume_parked()
             while (split := self.shared.slots.control.wait_any(worker.worker_id, timeout=0)) is not None:
                 worker.step_split(split)
-                worker.request_actions(split)
+                worker.ask_for_actions(split)
         for component, busy_s in (("inference", acted - started), ("env", time.perf_counter() - acted)):
             self.shared.stats_queue.put({"type": "timing", "component": component, "busy_s": busy_s})
         for learner, pending in zip(self.learners, self.pending):
@@ -2319,9 +2390,30 @@ class SerialRun:
         shutdown(self.shared, [])
 
 
+def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
+    """--no-async_rl's conditions; the batch's fit waits for the env's agent count where it is not
+    known before making one (num_agents None: a registered env, checked again after the probe)."""
+    if cfg.num_policies > 1 or cfg.past_opponents_fraction > 0:
+        return ["--no-async_rl is for one policy: with several (or past opponents) an env's agents feed "
+                "different learners, and no one batch waits for them all; drop --no-async_rl"]
+    if num_agents is None:
+        return []
+    samples = samples_per_rollout_of_every_env(cfg, num_agents)
+    if cfg.batch_size % samples:
+        agents = f" x {num_agents} agents" if num_agents > 1 else ""
+        return [f"--no-async_rl needs --batch_size to be a whole number of rollouts of every env: "
+                f"--num_workers {cfg.num_workers} x --num_envs_per_worker {cfg.num_envs_per_worker}{agents} "
+                f"x --rollout {cfg.rollout} = {samples:,} samples, and {cfg.batch_size} is not a multiple: use "
+                f"--batch_size {max(1, round(cfg.batch_size / samples)) * samples}, change those flags, or "
+                "drop --no-async_rl"]
+    return []
+
+
 def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
     """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
     errors = []
+    if not cfg.async_rl and envs.num_agents_of(cfg.env) is None:
+        errors += synchronous_errors(cfg, probe.num_agents)
     if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
         errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
     try:

@@ -109,16 +109,18 @@ FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
         "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
         "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
+        "async_rl": False,  # collect a batch, then train on it (falls back to asynchronous where batches do not fit)
     },
     "dmlab_": {"encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
     # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for
     # every gym: env (its policy is a Gaussian on a Box, categoricals otherwise). Not taken: its KL
-    # penalty (kl_loss_coeff 0.1) and synchronous collection; appo.py has neither.
+    # penalty (kl_loss_coeff 0.1); appo.py has none.
     "gym:": {
         "env_frameskip": 1, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "hidden_size": 64,
         "rnn_type": "none", "rollout": 64, "batch_size": 1024, "num_epochs": 2, "num_batches_per_epoch": 4,
         "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3, "exploration_loss_coeff": 0.0,
         "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5, "normalize_input": True,
+        "async_rl": False,
     },
 }
 # Per-env overrides on top of the family's: only where Sample Factory itself sets one for that env,

@@ -366,13 +366,14 @@ def same_sgd_work_for_sample_factory(args, flags: list[str]) -> list[str]:
     """Sample Factory's flags for the SGD work appo.py does on a batch, so that both learners
     compute the same per sample (the Atari family's defaults take 4 epochs of 4 minibatches, Doom's
     one step). Sample Factory's --batch_size is one minibatch, appo.py's the whole batch split
-    into --num_batches_per_epoch. Collection is asynchronous on both sides: appo.py has no
-    synchronous mode, and Sample Factory's (its Atari default) would stop its envs while it trains.
-    Given after the shared flags: Sample Factory's parser keeps the last value of a flag."""
+    into --num_batches_per_epoch. Collection is the same on both sides: appo.py's resolved --async_rl
+    (synchronous on Atari where the envs' rollouts make whole batches, as in Sample Factory's own
+    Atari configuration; asynchronous on Doom). Given after the shared flags: Sample Factory's
+    parser keeps the last value of a flag."""
     ours = appo.parse_args(flags + args.trainer_flags)
     return ["--batch_size", str(ours.batch_size // ours.num_batches_per_epoch),
             "--num_batches_per_epoch", str(ours.num_batches_per_epoch), "--num_epochs", str(ours.num_epochs),
-            "--async_rl", "True"]
+            "--async_rl", str(ours.async_rl)]
 
 
 def sf_reports_training(line: str) -> bool:

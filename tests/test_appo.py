@@ -673,6 +673,9 @@ def publish_from_a_child(weights, cfg, results):
     (["--rollout", "64", "--batch_size", "32"], "--rollout 64 is larger than --batch_size 32"),
     (["--num_workers", "0"], "--num_workers must be positive"),
     (["--learning_rate", "-1"], "--learning_rate must be positive"),
+    (["--no-async_rl", "--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "32", "--batch_size", "192"],
+     "--no-async_rl needs --batch_size to be a whole number of rollouts of every env"),
+    (["--no-async_rl", "--num_policies", "2"], "--no-async_rl is for one policy"),
 ])
 def test_bad_flags_fail_before_anything_starts(flags, message, capsys, tmp_path):
     assert appo.main(flags + ["--train_dir", str(tmp_path)]) == 2
@@ -683,6 +686,21 @@ def test_bad_flags_fail_before_anything_starts(flags, message, capsys, tmp_path)
 def test_env_defaults_apply_unless_a_flag_is_given():
     assert appo.parse_args(["--env", "doom_basic"]).env_frameskip == 4
     assert appo.parse_args(["--env", "doom_basic", "--env_frameskip", "2"]).env_frameskip == 2
+
+
+def test_a_familys_synchronous_default_falls_back_to_asynchronous_where_batches_do_not_fit(capsys):
+    """Atari takes Sample Factory's synchronous collection where a batch is whole rollouts of every
+    env (2 x 4 envs x 128 steps = 1024); at 3 workers it is not, and the default goes asynchronous
+    with a note instead of failing. A --no-async_rl given on the command line is never overridden
+    (config_errors names the misfit instead)."""
+    fits = ["--env", "atari_breakout", "--num_workers", "2", "--num_envs_per_worker", "4"]
+    assert appo.parse_args(fits).async_rl is False
+    assert capsys.readouterr().out == ""
+    assert appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--num_envs_per_worker", "4"]).async_rl
+    assert "training asynchronously" in capsys.readouterr().out
+    given = appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--no-async_rl"])
+    assert given.async_rl is False and "--no-async_rl needs --batch_size" in " ".join(appo.config_errors(given))
+    assert appo.parse_args(["--env", "doom_basic"]).async_rl  # Sample Factory's Doom default: asynchronous
 
 
 def test_every_flag_has_help():
@@ -747,6 +765,25 @@ def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
     assert len(steady) >= 5, run.stdout[-3000:]
     assert max(lag_max for _, _, lag_max in steady) <= 4, steady
     assert np.median([lag_avg for _, lag_avg, _ in steady]) <= 2.5, steady
+
+
+@pytest.mark.slow
+def test_synchronous_collection_trains_every_batch_on_the_weights_that_acted_it(tmp_path):
+    """--no-async_rl with a slow learner (4 epochs a batch) and a batch of two rollouts of every env
+    (2 x 4 envs x 16 steps = 128 samples, batch 256): each env hands off its two rollouts, then waits
+    for the weights trained on them, so every batch is acted by the version that trains on it (lag 0;
+    asynchronous, this run trains 1-2 versions behind)."""
+    command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
+               "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "256", "--num_epochs", "4",
+               "--hidden_size", "64", "--no-async_rl", "--train_for_env_steps", "24000", "--report_every_sec", "2",
+               "--train_dir", str(tmp_path), "--seed", "1"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lags = [tuple(float(v) for v in match.groups()) for match in map(LAG.search, run.stdout.splitlines()) if match]
+    assert len(lags) >= 3, run.stdout[-3000:]
+    assert all(lag == (0, 0, 0) for lag in lags), lags
+    trained = [int(value.replace(",", "")) for value in re.findall(r"trained ([\d,]+)", run.stdout)]
+    assert trained and trained[-1] >= 24000
 
 
 @pytest.mark.slow

@@ -40,11 +40,13 @@ def test_the_benchmark_reads_sample_factorys_fps_line():
     assert bench.SF_FPS.search(first).group(1) == "nan" and not bench.sf_reports_training(first)
 
 
-@pytest.mark.parametrize("env_name, minibatch, minibatches, epochs", [
-    ("doom_basic", 512, 1, 1),  # the Doom family: one SGD step a batch
-    ("atari_breakout", 128, 4, 4),  # the Atari family: 4 epochs of 4 minibatches
+@pytest.mark.parametrize("env_name, minibatch, minibatches, epochs, asynchronous", [
+    ("doom_basic", 512, 1, 1, "True"),  # the Doom family: one SGD step a batch, collecting while training
+    # the Atari family: 4 epochs of 4 minibatches, synchronous (2 x 8 envs x 32 steps make one batch)
+    ("atari_breakout", 128, 4, 4, "False"),
 ])
-def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_name, minibatch, minibatches, epochs):
+def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_name, minibatch, minibatches, epochs,
+                                                                           asynchronous):
     args = types.SimpleNamespace(env=env_name, num_workers=2, worker_num_splits=2, batch_size=512, rollout=32,
                                  sf_python="sf-python", trainer_flags=[])
     command = bench.sample_factory_command(args, bench.trainer_config(args, 8), "/tmp/sf-train-dir")
@@ -55,7 +57,7 @@ def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_na
     assert last_value("--batch_size") == str(minibatch)  # Sample Factory's batch is one minibatch
     assert last_value("--num_batches_per_epoch") == str(minibatches)
     assert last_value("--num_epochs") == str(epochs)
-    assert last_value("--async_rl") == "True" and last_value("--rollout") == "32"
+    assert last_value("--async_rl") == asynchronous and last_value("--rollout") == "32"
 
 
 def test_fps_is_the_rate_over_the_whole_span_not_a_median_of_batch_quantised_windows():
