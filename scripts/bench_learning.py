@@ -530,7 +530,8 @@ def plot_env(env_name: str, results: dict[str, list[dict]], path: str):
     for panel in (by_frames, by_time):
         panel.set_ylabel("average game score (last 100 games)")
         panel.grid(alpha=0.3)
-    by_frames.legend(loc="lower right")
+    if by_frames.get_legend_handles_labels()[0]:  # an env with no finished run yet draws empty panels
+        by_frames.legend(loc="lower right")
     figure.suptitle(f"{env_name}: appo.py vs Sample Factory, same system configuration, min-max band over seeds")
     figure.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
