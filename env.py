@@ -109,7 +109,10 @@ FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
         "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
         "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
-        "async_rl": False,  # collect a batch, then train on it (falls back to asynchronous where batches do not fit)
+        # collect a batch, then train on it (falls back to asynchronous where batches do not fit);
+        # measured against asynchronous at 3M frames, 2 seeds: breakout 30.6 vs 28.8, space_invaders
+        # 436.7 vs 436.5 (README, the Atari learning table)
+        "async_rl": False,
     },
     "dmlab_": {"encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
     # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for
