@@ -12,6 +12,7 @@ from conftest import processes_tagged
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import bench_learning as bench  # noqa: E402
+import env  # noqa: E402
 
 
 def run(trainer, seed, curve, wall_s, status="ok", share=0.0):
@@ -137,6 +138,7 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     assert result["status"] == "ok", result["log_tail"]
     frames = [point[1] for point in result["curve"]]
     assert frames and frames == sorted(frames) and frames[-1] >= 40000 * 0.75
-    assert all(frame % (1024 * 4) == 0 for frame in frames)  # whole batches of 1024 steps x frameskip 4: trained, not collected
+    batch_size = env.env_defaults("doom_basic")["batch_size"]
+    assert all(frame % (batch_size * 4) == 0 for frame in frames)  # whole batches of steps x frameskip 4: trained, not collected
     assert processes_tagged(tag) == [] and bench.shm_entries() <= shm_before
     assert not os.path.exists(os.path.join(tmp_path, "doom_basic", "appo_seed1.log"))

@@ -333,7 +333,7 @@ def test_env_defaults():
     doom = env_defaults("doom_basic")
     assert all(env_defaults(name) == doom for name in ("doom_health_gathering", "doom_my_way_home", "doom_take_cover"))
     assert doom == {**expected, **envs.FAMILY_FLAG_OVERRIDES["doom_"]}
-    assert doom["batch_size"] == 1024 and doom["normalize_input"] and not doom["with_vtrace"]
+    assert doom["batch_size"] == 512 and doom["normalize_input"] and not doom["with_vtrace"]
     assert env_defaults("atari_pong") == env_defaults("atari_breakout") == {**expected, **envs.FAMILY_FLAG_OVERRIDES["atari_"]}
     assert env_defaults("doom_duel") == envs.DOOM_MATCH_DEFAULTS  # the matches keep their own
     assert env_defaults("dmlab_30") == {**expected, "encoder": "resnet"}
