@@ -216,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate")
     optim.add_argument("--lr_schedule", choices=["constant", "linear_decay"], default="constant",
-                       help="linear_decay: the learning rate falls linearly to 0 at --train_for_env_steps")
+                       help="linear_decay: the learning rate falls linearly to 0 at --lr_decay_frames")
+    optim.add_argument("--lr_decay_frames", type=integer, default=None,
+                       help="env frames at which linear_decay reaches 0 (default: --env_frameskip x "
+                            "--train_for_env_steps, Sample Factory's horizon: its schedule spans "
+                            "--train_for_env_steps samples, so a run with frameskip 4 ends at 3/4 of the rate)")
     optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
     optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
     optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon")
@@ -372,6 +376,8 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                  "policy_worker_threads"]:
         if getattr(cfg, flag) <= 0:
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
+    if cfg.lr_decay_frames is not None and cfg.lr_decay_frames <= 0:
+        errors.append(f"--lr_decay_frames must be positive, got {cfg.lr_decay_frames}")
     for flag in ["learning_rate", "save_every_sec", "report_every_sec", "train_for_seconds",
                  "ppo_clip_ratio", "ppo_clip_value", "adam_eps", "max_grad_norm", "vtrace_rho", "vtrace_c",
                  "env_step_timeout", "distributed_timeout"]:
@@ -1990,10 +1996,16 @@ class Learner:
 
     def apply_lr_schedule(self):
         """--lr_schedule linear_decay: the (PBT-mutable) learning rate times the share of
-        --train_for_env_steps still to train."""
+        --lr_decay_frames still to train."""
         if self.cfg.lr_schedule == "constant":
             return
-        remaining = max(0.0, 1.0 - self.env_frames / self.cfg.train_for_env_steps)
+        horizon = self.cfg.lr_decay_frames
+        if horizon is None:
+            # Sample Factory's linear_decay ends after train_for_env_steps // batch_size x num_epochs
+            # minibatch steps (its batch_size is a minibatch's): after train_for_env_steps samples,
+            # each env_frameskip frames
+            horizon = self.cfg.env_frameskip * self.cfg.train_for_env_steps
+        remaining = max(0.0, 1.0 - self.env_frames / horizon)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.learning_rate * remaining
 

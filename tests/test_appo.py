@@ -276,7 +276,8 @@ def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_pat
 
 
 def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_path):
-    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000)
+    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000,
+                    lr_decay_frames=1000)
     learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
     learner.env_frames = 250
     learner.apply_lr_schedule()
@@ -284,6 +285,16 @@ def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_p
     learner.env_frames = 5000  # past the end (a resumed run with a smaller budget): zero, not negative
     learner.apply_lr_schedule()
     assert learner.optimizer.param_groups[0]["lr"] == 0.0
+
+
+def test_linear_decay_spans_train_for_env_steps_samples_by_default_as_sample_factorys(tmp_path):
+    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000,
+                    env_frameskip=4)
+    assert cfg.lr_decay_frames is None
+    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner.env_frames = 1000  # the end of the run: 1000 frames are 250 of the horizon's 1000 samples
+    learner.apply_lr_schedule()
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
 
 
 def test_convnet_atari_is_the_nature_cnn_with_relu():
@@ -673,6 +684,7 @@ def publish_from_a_child(weights, cfg, results):
     (["--rollout", "64", "--batch_size", "32"], "--rollout 64 is larger than --batch_size 32"),
     (["--num_workers", "0"], "--num_workers must be positive"),
     (["--learning_rate", "-1"], "--learning_rate must be positive"),
+    (["--lr_decay_frames", "0"], "--lr_decay_frames must be positive"),
     (["--no-async_rl", "--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "32", "--batch_size", "192"],
      "--no-async_rl needs --batch_size to be a whole number of rollouts of every env"),
     (["--no-async_rl", "--num_policies", "2"], "--no-async_rl is for one policy"),
