@@ -2884,16 +2884,21 @@ def drain(ipc_queue: appo_ipc.Queue) -> list:
         return []
 
 
-def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0):
+def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0, learner_grace_s: float = 30.0):
     """Asks every process to stop (the learners save a checkpoint), then ends stragglers and
-    whatever env processes a killed rollout worker left behind."""
+    whatever env processes a killed rollout worker left behind.
+
+    Learners get longer: one stops after the batch in hand, and then writes the final checkpoint.
+    An Atari batch (16 minibatch steps) on two cores shared with other jobs outlasted 8 s once,
+    and the killed learner lost the weights trained since its last periodic checkpoint."""
     shared.run.stop[0] = 1
-    deadline = time.monotonic() + grace_s
-    for child in children:
-        child.process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for child in children:
+    start = time.monotonic()
+    graces = [learner_grace_s if child.kind == "learner" else grace_s for child in children]
+    for child, grace in zip(children, graces):
+        child.process.join(timeout=max(0.0, start + grace - time.monotonic()))
+    for child, grace in zip(children, graces):
         if child.process.is_alive():
-            print(f"warning: {child.name} did not stop in {grace_s:.0f}s; killing it", flush=True)
+            print(f"warning: {child.name} did not stop in {grace:.0f}s; killing it", flush=True)
         stop_child(child)
     shared.slots.control.close()
     for q in shared.request_queues + shared.learner_queues + [shared.stats_queue]:

@@ -5,6 +5,7 @@ The conftest fixture checks /dev/shm and our child processes after each test; th
 check that no process of the run (tagged through its environment) outlives it.
 """
 import glob
+import multiprocessing
 import os
 import re
 import resource
@@ -348,6 +349,23 @@ def test_resuming_with_flags_that_change_the_model_is_refused(tmp_path, capsys):
     assert appo.main(flags + ["--hidden_size", "128"]) == 2
     err = capsys.readouterr().err
     assert "--hidden_size 128 conflicts with 64 saved in" in err and "use another --experiment" in err
+
+
+def test_shutdown_waits_longer_for_a_learner_finishing_its_batch_than_for_other_children(tmp_path):
+    """A learner stops after the batch in hand, then writes the final checkpoint: killed at the
+    other children's grace, a slow batch lost the weights trained since the last checkpoint."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_workers", "1", "--train_dir", str(tmp_path)])
+    probe = appo.probe_env(cfg)
+    shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
+    context = multiprocessing.get_context("fork")  # stand-ins: a learner busy for 1.5 s, a worker that hangs
+    learner = appo.Child("learner 0", "learner", 0, time.sleep, (1.5,))
+    worker = appo.Child("policy worker 0", "policy worker", 1, time.sleep, (60.0,))
+    for child in (learner, worker):
+        child.process = context.Process(target=child.target, args=child.args, daemon=True)
+        child.process.start()
+    appo.shutdown(shared, [worker, learner], grace_s=0.3, learner_grace_s=10.0)
+    assert learner.process.exitcode == 0  # it finished
+    assert worker.process.exitcode == -signal.SIGKILL
 
 
 def test_a_policy_worker_drops_requests_that_went_stale_and_writes_nothing_for_them(tmp_path):
