@@ -218,9 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     optim.add_argument("--lr_schedule", choices=["constant", "linear_decay"], default="constant",
                        help="linear_decay: the learning rate falls linearly to 0 at --lr_decay_frames")
     optim.add_argument("--lr_decay_frames", type=integer, default=None,
-                       help="env frames at which linear_decay reaches 0 (default: --env_frameskip x "
-                            "--train_for_env_steps, Sample Factory's horizon: its schedule spans "
-                            "--train_for_env_steps samples, so a run with frameskip 4 ends at 3/4 of the rate)")
+                       help="env frames at which linear_decay reaches 0 (default: --train_for_env_steps). Sample "
+                            "Factory's reaches 0 at --env_frameskip x --train_for_env_steps (its schedule spans "
+                            "--train_for_env_steps samples), so its runs end at 1 - 1/frameskip of the rate; on "
+                            "Atari that scored no higher (README, the Atari learning-rate horizon)")
     optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
     optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
     optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon")
@@ -1999,12 +2000,7 @@ class Learner:
         --lr_decay_frames still to train."""
         if self.cfg.lr_schedule == "constant":
             return
-        horizon = self.cfg.lr_decay_frames
-        if horizon is None:
-            # Sample Factory's linear_decay ends after train_for_env_steps // batch_size x num_epochs
-            # minibatch steps (its batch_size is a minibatch's): after train_for_env_steps samples,
-            # each env_frameskip frames
-            horizon = self.cfg.env_frameskip * self.cfg.train_for_env_steps
+        horizon = self.cfg.lr_decay_frames or self.cfg.train_for_env_steps
         remaining = max(0.0, 1.0 - self.env_frames / horizon)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.learning_rate * remaining

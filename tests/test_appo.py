@@ -276,8 +276,7 @@ def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_pat
 
 
 def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_path):
-    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000,
-                    lr_decay_frames=1000)
+    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000)
     learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
     learner.env_frames = 250
     learner.apply_lr_schedule()
@@ -287,12 +286,15 @@ def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_p
     assert learner.optimizer.param_groups[0]["lr"] == 0.0
 
 
-def test_linear_decay_spans_train_for_env_steps_samples_by_default_as_sample_factorys(tmp_path):
-    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000,
-                    env_frameskip=4)
+def test_linear_decay_reaches_zero_at_the_budget_unless_told_another_horizon(tmp_path):
+    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000)
     assert cfg.lr_decay_frames is None
     learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
-    learner.env_frames = 1000  # the end of the run: 1000 frames are 250 of the horizon's 1000 samples
+    learner.env_frames = 500
+    learner.apply_lr_schedule()
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)
+    learner.cfg.lr_decay_frames = 4 * 1000  # Sample Factory's horizon at frameskip 4
+    learner.env_frames = 1000
     learner.apply_lr_schedule()
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
 
