@@ -286,15 +286,12 @@ def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_p
     assert learner.optimizer.param_groups[0]["lr"] == 0.0
 
 
-def test_linear_decay_reaches_zero_at_the_budget_unless_told_another_horizon(tmp_path):
-    cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000)
-    assert cfg.lr_decay_frames is None
-    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
-    learner.env_frames = 500
-    learner.apply_lr_schedule()
-    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)
-    learner.cfg.lr_decay_frames = 4 * 1000  # Sample Factory's horizon at frameskip 4
-    learner.env_frames = 1000
+def test_lr_decay_frames_moves_where_linear_decay_reaches_zero(tmp_path):
+    cfg = appo.parse_args(["--env", "atari_breakout", "--train_for_env_steps", "1000", "--lr_decay_frames", "4000",
+                           "--learning_rate", "1e-3", "--train_dir", str(tmp_path)])
+    assert cfg.lr_schedule == "linear_decay"  # the Atari family's
+    learner = appo.Learner(0, cfg, None, (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)))
+    learner.env_frames = 1000  # the budget's end, a quarter of Sample Factory's horizon at frameskip 4
     learner.apply_lr_schedule()
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
 
