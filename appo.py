@@ -374,11 +374,9 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                  "policy_workers_per_policy", "remap_policies_every", "rollout", "batch_size", "num_epochs",
                  "num_batches_per_epoch", "hidden_size", "max_policy_lag",
                  "env_frameskip", "train_for_env_steps", "keep_checkpoints", "learner_threads",
-                 "policy_worker_threads"]:
-        if getattr(cfg, flag) <= 0:
+                 "policy_worker_threads", "lr_decay_frames"]:
+        if getattr(cfg, flag) is not None and getattr(cfg, flag) <= 0:  # None: an optional flag left unset
             errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
-    if cfg.lr_decay_frames is not None and cfg.lr_decay_frames <= 0:
-        errors.append(f"--lr_decay_frames must be positive, got {cfg.lr_decay_frames}")
     for flag in ["learning_rate", "save_every_sec", "report_every_sec", "train_for_seconds",
                  "ppo_clip_ratio", "ppo_clip_value", "adam_eps", "max_grad_norm", "vtrace_rho", "vtrace_c",
                  "env_step_timeout", "distributed_timeout"]:
