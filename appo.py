@@ -916,16 +916,48 @@ def exploration_loss(logits, action_dist, mask, cfg) -> tuple[torch.Tensor, torc
     return masked_mean(action_dist.symmetric_kl_to_uniform(logits), mask).clamp(max=30.0), entropy
 
 
+def loss_mask(batch: dict[str, torch.Tensor], policy_version: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask, lag), [T, B]: a step counts in the loss when it is valid and its weights are at most
+    --max_policy_lag versions older than the learner's."""
+    lag = policy_version - batch["policy_version"][:-1]
+    return ((lag <= cfg.max_policy_lag) & (batch["valid"][:-1] > 0)).float(), lag
+
+
+def gae_targets(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg
+                ) -> dict[str, torch.Tensor]:
+    """--no-with_vtrace: value targets and advantages for a whole batch, [T, B] each, computed once
+    before its SGD steps, as Sample Factory's learner does (_prepare_batch): every epoch and
+    minibatch trains on the same targets.
+
+    GAE runs over the values that acted. Step T holds only the bootstrap observation, which no
+    policy worker evaluates (it becomes step 0 of the actor's next slot), so V(x_T) comes from the
+    weights about to train on the batch, with the RNN state that acting left there. With
+    --normalize_returns the whole batch's targets update the running return statistics, then
+    are normalised; advantages stay in return units (appo_loss normalises them per minibatch).
+    """
+    with torch.no_grad():
+        _, bootstrap, _ = model({key: batch[key][-1] for key in model.encoders}, batch["rnn_state"][-1])
+        dones = batch["done"][:-1]
+        behaviour_returns = model.values_to_returns(batch["value"][:-1])
+        targets, advantages = gae(batch["reward"][:-1], behaviour_returns, cfg.gamma * (1.0 - dones),
+                                  model.values_to_returns(bootstrap), cfg.gae_lambda)
+        if model.normalize_returns:
+            mask, _ = loss_mask(batch, policy_version, cfg)
+            model.returns_normalizer.update(targets[mask > 0])
+            targets = model.returns_normalizer(targets)
+    return {"target": targets, "advantage": advantages}
+
+
 def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
               update_statistics: bool = False):
     """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first).
 
-    Step T holds only the bootstrap observation: no policy worker ever evaluates it (it becomes
-    step 0 of the actor's next slot), so its behaviour value, log-prob and action are not there and
-    both estimators bootstrap from the learner's own V(x_T). Returns (loss, stats dict of floats).
-    With --normalize_returns, targets and advantages are computed in return units; with
-    `update_statistics` the targets also update the running return statistics first (the learner
-    asks for it once per batch, whatever the epochs, so each target is counted once).
+    V-trace targets are computed here, per minibatch, on the learner's own values (step T holds
+    only the bootstrap observation, see gae_targets); with GAE the batch carries the targets and
+    advantages that gae_targets computed for it ("target", "advantage", [T, B]). Returns (loss,
+    stats dict of floats). With --normalize_returns, V-trace targets are computed in return units;
+    with `update_statistics` they also update the running return statistics first (the learner
+    asks for it in the first epoch only, so each target is counted once).
     """
     action_dist = model.action_dist
     obs = {key: batch[key] for key in model.encoders}
@@ -934,8 +966,7 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     actions = batch["actions"][:-1]
     log_probs = action_dist.log_prob(logits[:-1], actions)
     behaviour_log_probs = batch["log_prob"][:-1]
-    lag = policy_version - batch["policy_version"][:-1]
-    mask = ((lag <= cfg.max_policy_lag) & (batch["valid"][:-1] > 0)).float()
+    mask, lag = loss_mask(batch, policy_version, cfg)
     rewards, discounts = batch["reward"][:-1], cfg.gamma * (1.0 - dones[:-1])
 
     with torch.no_grad():
@@ -946,14 +977,12 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
             next_vs = torch.cat([vs[1:], returns[-1:]])
             advantages = rewards + discounts * next_vs - returns[:-1]
             targets = vs
-        else:  # GAE on the values that acted, as Sample Factory computes it
-            behaviour_returns = model.values_to_returns(batch["value"][:-1])
-            targets, advantages = gae(rewards, behaviour_returns, discounts, model.values_to_returns(values[-1]),
-                                      cfg.gae_lambda)
-        if model.normalize_returns:
-            if update_statistics:
-                model.returns_normalizer.update(targets[mask > 0])
-            targets = model.returns_normalizer(targets)
+            if model.normalize_returns:
+                if update_statistics:
+                    model.returns_normalizer.update(targets[mask > 0])
+                targets = model.returns_normalizer(targets)
+        else:
+            targets, advantages = batch["target"], batch["advantage"]
         if cfg.normalize_advantage:
             mean = masked_mean(advantages, mask)
             std = masked_mean((advantages - mean) ** 2, mask).sqrt()
@@ -2004,15 +2033,18 @@ class Learner:
             group["lr"] = self.cfg.learning_rate * remaining
 
     def sgd_step(self, batch) -> dict:
-        """The input statistics, then --num_epochs passes over the batch, each in
-        --num_batches_per_epoch minibatches of whole trajectories (V-trace and GAE run along a
-        trajectory, and each starts from its own saved RNN state), one optimiser step each.
-        Every statistic counts the batch once. Returns the last step's loss stats."""
+        """The input statistics (and with GAE the batch's targets, see gae_targets), then
+        --num_epochs passes over the batch, each in --num_batches_per_epoch minibatches of whole
+        trajectories (V-trace runs along a trajectory, and each starts from its own saved RNN
+        state), one optimiser step each. Every statistic counts the batch once. Returns the last
+        step's loss stats."""
         self.model.update_normalizers({key: trajectory_major(batch[key]) for key in self.model.encoders})
         trajectories = batch["done"].shape[1]
         size = trajectories // self.cfg.num_batches_per_epoch
         # contiguous ranges: views of the trajectory-major batch, no copies
         minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
+        if not self.cfg.with_vtrace:
+            batch = {**batch, **gae_targets(self.model, batch, self.policy_version, self.cfg)}
         stats = {}
         for epoch in range(self.cfg.num_epochs):
             for rows in minibatches:

@@ -1,6 +1,7 @@
 """appo.py: losses against literal formulas, the model, a learner step, flag validation, and an
 end-to-end run on real VizDoom with real processes."""
 import argparse
+import copy
 import glob
 import os
 import re
@@ -175,6 +176,12 @@ def targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
     logits = torch.zeros(steps + 1, batch_size, 2, requires_grad=True)
     values = learner_values.clone().requires_grad_(True)
     monkeypatch.setattr(model, "forward_rollout", lambda obs, rnn_state, dones: (logits, values))
+    if not cfg.with_vtrace:  # GAE's bootstrap V(x_T) is one forward step of the weights about to train
+        def last_step(obs, rnn_state):
+            assert torch.equal(rnn_state, batch["rnn_state"][-1])  # the state acting left at step T
+            return None, learner_values[-1], rnn_state
+        monkeypatch.setattr(model, "forward", last_step)
+        batch = {**batch, **appo.gae_targets(model, batch, 0, cfg)}
     loss, _ = appo.appo_loss(model, batch, 0, cfg)
     loss.backward()
     n = steps * batch_size
@@ -205,7 +212,8 @@ def run_estimator_case(with_vtrace: bool, seed: int, monkeypatch):
 
 def test_gae_through_appo_loss_bootstraps_from_the_learners_value_of_the_last_observation(monkeypatch):
     """--no-with_vtrace: GAE over the behaviour values, bootstrapped at step T with the learner's own
-    V(x_T) (as Sample Factory does), since no policy worker ever evaluates step T."""
+    V(x_T) (as Sample Factory does), since no policy worker ever evaluates step T; gae_targets
+    computes them, appo_loss trains on them."""
     cfg, batch, learner_values, targets, advantages, rewards, discounts = run_estimator_case(False, 1, monkeypatch)
     for column in range(rewards.shape[1]):
         expected_targets, expected_advantages = gae_literal(
@@ -273,6 +281,35 @@ def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_pat
     assert [update for _, _, update in seen] == [True, True, False, False]
     assert all(state["step"] == 4 for state in learner.optimizer.state.values())
     assert float(learner.model.returns_normalizer.count) == pytest.approx(returns_count + steps * trajectories)
+
+
+def test_gae_targets_are_computed_once_per_batch_with_the_weights_before_its_first_step(tmp_path, monkeypatch):
+    """--no-with_vtrace --num_epochs 2 --num_batches_per_epoch 2: all four SGD steps train on the
+    targets and advantages that the batch's starting weights give (Sample Factory's order), not on a
+    bootstrap re-evaluated by weights that already trained on the batch."""
+    cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=False, num_epochs=2, num_batches_per_epoch=2,
+                    normalize_returns=True, normalize_input=False, learning_rate=1e-2)
+    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    steps, trajectories = 6, 4
+    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, steps, trajectories)
+    batch["done"][:] = 0.0  # every target reaches the bootstrap value
+    before = copy.deepcopy(learner.model)
+    expected = appo.gae_targets(before, batch, 0, cfg)
+    seen = []
+    real_loss = appo.appo_loss
+
+    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False):
+        seen.append((minibatch["target"].clone(), minibatch["advantage"].clone()))
+        return real_loss(model, minibatch, policy_version, cfg, update_statistics)
+
+    monkeypatch.setattr(appo, "appo_loss", recording_loss)
+    learner.sgd_step(batch)
+    halves = [slice(0, 2), slice(2, 4)] * 2
+    for (targets, advantages), rows in zip(seen, halves, strict=True):
+        torch.testing.assert_close(targets, expected["target"][:, rows])
+        torch.testing.assert_close(advantages, expected["advantage"][:, rows])
+    # the weights did move: re-evaluating the bootstrap after the steps would give other targets
+    assert not torch.allclose(appo.gae_targets(learner.model, batch, 0, cfg)["advantage"], expected["advantage"])
 
 
 def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_path):
@@ -539,7 +576,7 @@ def test_ppo_with_v_trace_trains_a_gaussian_policy_towards_better_actions():
                  "reward": -(actions[..., 0] - 0.7) ** 2, "done": torch.ones(steps + 1, trajectories),
                  "policy_version": torch.zeros(steps + 1, trajectories, dtype=torch.long),
                  "valid": torch.ones(steps + 1, trajectories)}
-        loss, _ = appo.appo_loss(model, batch, 0, cfg)
+        loss, _ = loss_of_batch(model, batch, 0, cfg)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -568,6 +605,13 @@ def test_exploration_loss_pushes_a_skewed_policy_towards_uniform(kind):
         assert collapsed.item() == 30.0
 
 
+def loss_of_batch(model, batch, policy_version, cfg):
+    """appo_loss on a whole batch, as the learner calls it (with GAE, after gae_targets)."""
+    if not cfg.with_vtrace:
+        batch = {**batch, **appo.gae_targets(model, batch, policy_version, cfg)}
+    return appo.appo_loss(model, batch, policy_version, cfg)
+
+
 def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):
     heads = appo.action_distribution(action_space).head_sizes
     data = random_obs(obs_space, (steps + 1, batch))
@@ -589,7 +633,7 @@ def test_one_learner_step_changes_the_weights_and_every_parameter_gets_a_gradien
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    loss, stats = appo.appo_loss(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
+    loss, stats = loss_of_batch(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
     loss.backward()
     for name, parameter in model.named_parameters():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
@@ -604,7 +648,7 @@ def test_transitions_older_than_max_policy_lag_are_masked_out():
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4, policy_version=0)
     batch["policy_version"][:, :2] = 10  # two trajectories are recent at version 12, two are not
-    _, stats = appo.appo_loss(model, batch, policy_version=12, cfg=cfg)
+    _, stats = loss_of_batch(model, batch, 12, cfg)
     assert stats["valid_fraction"] == pytest.approx(0.5)
     assert stats["lag_max"] == 12 and stats["lag_min"] == 2
 
