@@ -2052,10 +2052,13 @@ class Learner:
                 loss, stats = appo_loss(self.model, minibatch, self.policy_version, self.cfg,
                                         update_statistics=epoch == 0)
                 if not self.optimizer_step(loss, stats):
-                    stats["skipped_steps"] = self.skipped_steps
-                    return stats
-        stats["skipped_steps"] = self.skipped_steps
-        return stats
+                    return self.sgd_stats(stats)
+        return self.sgd_stats(stats)
+
+    def sgd_stats(self, loss_stats: dict) -> dict:
+        """The last step's loss stats, the non-finite steps skipped so far, and the learning rate
+        the steps took (with --lr_schedule linear_decay it falls; TensorBoard shows it)."""
+        return {**loss_stats, "skipped_steps": self.skipped_steps, "learning_rate": self.optimizer.param_groups[0]["lr"]}
 
     def optimizer_step(self, loss: torch.Tensor, stats: dict) -> bool:
         """One clipped Adam step on `loss`; False (and no step) if the loss or gradient is not finite."""

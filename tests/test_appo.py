@@ -318,6 +318,8 @@ def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_p
     learner.env_frames = 250
     learner.apply_lr_schedule()
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
+    stats = learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))
+    assert stats["learning_rate"] == pytest.approx(0.75e-3)  # what TensorBoard's p0/learning_rate shows
     learner.env_frames = 5000  # past the end (a resumed run with a smaller budget): zero, not negative
     learner.apply_lr_schedule()
     assert learner.optimizer.param_groups[0]["lr"] == 0.0
