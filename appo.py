@@ -959,6 +959,9 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     with `update_statistics` they also update the running return statistics first (the learner
     asks for it in the first epoch only, so each target is counted once).
     """
+    if not cfg.with_vtrace and "target" not in batch:
+        raise KeyError("appo_loss with GAE (--no-with_vtrace) trains on the batch's 'target' and 'advantage': "
+                       "add them first with batch.update(gae_targets(model, batch, policy_version, cfg))")
     action_dist = model.action_dist
     obs = {key: batch[key] for key in model.encoders}
     dones = batch["done"]

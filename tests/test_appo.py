@@ -312,6 +312,14 @@ def test_gae_targets_are_computed_once_per_batch_with_the_weights_before_its_fir
     assert not torch.allclose(appo.gae_targets(learner.model, batch, 0, cfg)["advantage"], expected["advantage"])
 
 
+def test_appo_loss_with_gae_asks_for_the_batchs_targets_by_name():
+    """A forker calling appo_loss directly on a GAE config learns which call adds the targets."""
+    cfg = small_cfg(with_vtrace=False)
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    with pytest.raises(KeyError, match="gae_targets"):
+        appo.appo_loss(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
+
+
 def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_path):
     cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000)
     learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
