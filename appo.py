@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     algo.add_argument("--exploration_loss_coeff", type=float, default=0.003,
                       help="weight of the exploration term")
     algo.add_argument("--normalize_advantage", action=argparse.BooleanOptionalAction, default=True,
-                      help="normalise advantages to zero mean, unit std per batch")
+                      help="normalise advantages to zero mean, unit std per minibatch (as Sample Factory)")
     algo.add_argument("--normalize_returns", action=argparse.BooleanOptionalAction, default=True,
                       help="the value head predicts returns scaled by their running mean and std, "
                            "so the critic sees unit-scale targets whatever the reward scale")
