@@ -33,11 +33,12 @@ def main():
                     obs_type="rgb")
     game.reset(seed=0)
     ale, rng = game.unwrapped.ale, np.random.default_rng(0)
+    appo_resize = envs.ResizeFrame(game, size).observation  # env.py's own resize, not a copy of it
     appo_frames, sf_frames = [], []
     for frame in range(args.frames):
         game.step(int(rng.integers(game.action_space.n)))
         if frame % args.every == 0:
-            appo_frames.append(cv2.resize(ale.getScreenGrayscale(), (size, size), interpolation=cv2.INTER_AREA))
+            appo_frames.append(appo_resize(ale.getScreenGrayscale()))
             rgb = cv2.resize(ale.getScreenRGB(), (size, size), interpolation=cv2.INTER_AREA)
             sf_frames.append(cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY))
     difference = np.abs(np.array(appo_frames, np.int16) - np.array(sf_frames, np.int16))
