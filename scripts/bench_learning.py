@@ -32,6 +32,7 @@ failures, are reported, and leave no process and no /dev/shm entry behind.
 import argparse
 import glob
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -410,6 +411,29 @@ def seconds_to_reach(curve: list, score: float) -> float | None:
     return reached[0] if reached else None
 
 
+def p_appo_below(appo_scores: list, sf_scores: list) -> float | None:
+    """Exact one-sided rank-sum (Mann-Whitney) p-value of "appo.py scores lower than Sample Factory".
+
+    The share of all ways of splitting the pooled final scores into groups of these sizes in which
+    Sample Factory's group beats appo.py's in at least as many (appo, SF) pairs as it really does
+    (ties count a half). A small p says the gap is more than seed-to-seed spread; with 2 SF seeds
+    the smallest possible p is 1 / C(n + 2, 2), so a few seeds can only ever say "not shown".
+    """
+    appo_scores = [s for s in appo_scores if s is not None]
+    sf_scores = [s for s in sf_scores if s is not None]
+    if not appo_scores or not sf_scores:
+        return None
+    pooled = appo_scores + sf_scores
+
+    def sf_wins(sf_group: tuple) -> float:
+        appo_group = [pooled[i] for i in range(len(pooled)) if i not in sf_group]
+        return sum((a < pooled[j]) + 0.5 * (a == pooled[j]) for a in appo_group for j in sf_group)
+
+    observed = sf_wins(tuple(range(len(appo_scores), len(pooled))))
+    splits = list(itertools.combinations(range(len(pooled)), len(sf_scores)))
+    return sum(sf_wins(split) >= observed for split in splits) / len(splits)
+
+
 def spread(values: list) -> str:
     values = [v for v in values if v is not None]
     if not values:
@@ -438,6 +462,7 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
     appo_scores = [s for s in row["appo"]["scores"] if s is not None]
     row["sf_final_median"] = statistics.median(sf_scores) if sf_scores else None
     row["appo_median"] = statistics.median(appo_scores) if appo_scores else None
+    row["p_appo_below"] = p_appo_below(appo_scores, sf_scores)
     if row["sf_final_median"] is not None:
         times = [seconds_to_reach(r["curve"], row["sf_final_median"]) for r in results.get("appo", [])
                  if r["status"] == "ok"]
@@ -468,16 +493,20 @@ def format_table(rows: list[dict]) -> str:
         "frames = env frames (frameskip included) the learner has trained on, for both trainers; median [min, max]",
         "over seeds (n = seeds). Wall-clock: median minutes from launch to the budget. 'appo to SF' = appo.py's",
         "median minutes to first reach Sample Factory's final median score; ratio = that / SF's wall-clock.",
+        "p = exact one-sided rank-sum p-value that appo.py's scores at the budget are lower than SF's (small:",
+        "a gap beyond seed-to-seed spread; large: the seeds interleave).",
         "",
-        "| env | frames | appo.py (n) | Sample Factory (n) | appo min | SF min | appo to SF | ratio | task match |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| env | frames | appo.py (n) | Sample Factory (n) | p | appo min | SF min | appo to SF | ratio | task match |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         appo, sf = row["appo"], row["sf"]
         ratio = row.get("time_ratio")
+        p_value = "-" if row.get("p_appo_below") is None else f"{row['p_appo_below']:.2f}"
         lines.append(
             f"| {row['env']} | {row['frames'] / 1e6:g}M | {spread(appo['scores'])} ({len(appo['scores'])}) | "
-            f"{spread(sf['scores'])} ({len(sf['scores'])}) | {minutes(appo['wall_s'])} | {minutes(sf['wall_s'])} | "
+            f"{spread(sf['scores'])} ({len(sf['scores'])}) | {p_value} | {minutes(appo['wall_s'])} | "
+            f"{minutes(sf['wall_s'])} | "
             f"{minutes([row.get('appo_s_to_sf_final_median')]) if row.get('appo_s_to_sf_final_median') else '-'} | "
             f"{f'{ratio:.2f}' if ratio is not None else '-'} | {row['task']} |")
     failures = [f"{row['env']} {trainer}: {failure}" for row in rows for trainer in ("appo", "sf")

@@ -62,6 +62,21 @@ def test_sample_factorys_score_is_the_whole_games_raw_score_on_atari_and_the_tru
     assert [point[1:] for point in bench.sf_curve(str(tmp_path), 0.0, "doom_basic")] == [[1000, 400.0], [2000, 500.0]]
 
 
+def test_the_rank_test_counts_the_splits_at_least_as_lopsided_as_the_real_one():
+    # both SF seeds above all three appo seeds: only that one of the C(5, 2) = 10 splits is as lopsided
+    assert bench.p_appo_below([1.0, 2.0, 3.0], [4.0, 5.0]) == pytest.approx(1 / 10)
+    # appo 1 and 3 around SF's 2: SF beats one appo seed; the splits with SF = 2 or 3 beat at least one
+    assert bench.p_appo_below([1.0, 3.0], [2.0]) == pytest.approx(2 / 3)
+    # identical scores tie everywhere: nothing to see
+    assert bench.p_appo_below([7.0, 7.0], [7.0, 7.0]) == 1.0
+    assert bench.p_appo_below([], [1.0]) is None and bench.p_appo_below([1.0, None], []) is None
+    sf = [run("sf", seed, [[100.0, 1000.0, score]], 100.0) for seed, score in ((1, 10.0), (2, 12.0))]
+    appo = [run("appo", seed, [[50.0, 1000.0, score]], 50.0) for seed, score in ((1, 8.0), (2, 9.0), (3, 13.0))]
+    row = bench.summarize_env("doom_x", 1000, {"appo": appo, "sf": sf}, "same")
+    assert row["p_appo_below"] == pytest.approx(bench.p_appo_below([8.0, 9.0, 13.0], [10.0, 12.0]))
+    assert f"| {row['p_appo_below']:.2f} |" in bench.format_table([row])
+
+
 def test_a_run_that_shared_the_machine_is_marked():
     sf = [run("sf", 1, [[100.0, 1000.0, 10.0]], 100.0, share=0.3)]
     row = bench.summarize_env("doom_x", 1000, {"appo": [], "sf": sf}, "same")
