@@ -530,10 +530,16 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def band(curves: list[list], axis: int, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Median, min and max over runs of the score interpolated on `grid` (nan outside each run)."""
-    values = np.array([np.interp(grid, np.array(curve)[:, axis], np.array(curve)[:, 2], left=np.nan, right=np.nan)
-                       for curve in curves])
+def band(curves: list[list], axis: int, grid: np.ndarray, hold_last: bool = False
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Median, min and max over runs of the score interpolated on `grid` (nan outside each run).
+
+    hold_last: a run keeps its final score after its last point. On the wall-clock axis a run that
+    finished early has reached its budget, not vanished; without this the median past the fastest
+    seed's end is over the slower seeds only, and drops or jumps where they differ.
+    """
+    values = np.array([np.interp(grid, np.array(curve)[:, axis], np.array(curve)[:, 2], left=np.nan,
+                                 right=curve[-1][2] if hold_last else np.nan) for curve in curves])
     with warnings.catch_warnings():  # grid points that no run covers are all-nan: nan is the answer there
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmedian(values, 0), np.nanmin(values, 0), np.nanmax(values, 0)
@@ -554,7 +560,7 @@ def plot_env(env_name: str, results: dict[str, list[dict]], path: str):
         label = f"{label} {extra_flags_of(runs)}".strip()  # an ablation's curve names what it changed
         for axis, panel, scale in ((1, by_frames, 1e6), (0, by_time, 60.0)):
             grid = np.linspace(0, max(max(p[axis] for p in c) for c in curves), 200)
-            median, low, high = band(curves, axis, grid)
+            median, low, high = band(curves, axis, grid, hold_last=axis == 0)
             panel.plot(grid / scale, median, color=color, label=f"{label} (median of {len(curves)})")
             panel.fill_between(grid / scale, low, high, color=color, alpha=0.2)
     by_frames.set_xlabel("env frames trained (millions, frameskip included)")

@@ -77,6 +77,17 @@ def test_the_rank_test_counts_the_splits_at_least_as_lopsided_as_the_real_one():
     assert f"| {row['p_appo_below']:.2f} |" in bench.format_table([row])
 
 
+def test_on_the_wall_clock_axis_a_run_that_finished_early_keeps_its_final_score():
+    fast = [[0.0, 0.0, 0.0], [10.0, 1000.0, 10.0]]  # (seconds, frames, score)
+    slow = [[0.0, 0.0, 0.0], [20.0, 1000.0, 4.0]]
+    grid = np.array([5.0, 15.0, 25.0])
+    median, low, high = bench.band([fast, slow], 0, grid, hold_last=True)
+    assert median[1] == pytest.approx((10.0 + 3.0) / 2) and low[1] == 3.0 and high[1] == 10.0
+    assert median[2] == pytest.approx(7.0)  # both finished: the median of their final scores
+    median, _, _ = bench.band([fast, slow], 0, grid)  # without: past its end a run drops out
+    assert median[1] == pytest.approx(3.0) and np.isnan(median[2])
+
+
 def test_a_run_that_shared_the_machine_is_marked():
     sf = [run("sf", 1, [[100.0, 1000.0, 10.0]], 100.0, share=0.3)]
     row = bench.summarize_env("doom_x", 1000, {"appo": [], "sf": sf}, "same")
