@@ -25,8 +25,9 @@ same (see TASK MATCHING below and `task` in the table).
 
 The table gives per env: the budget, how the tasks were matched, appo.py's median score at the
 budget (min-max over seeds), Sample Factory's, each one's median wall-clock to the budget,
-appo.py's median wall-clock to reach Sample Factory's final median score, and that time as a
-fraction of Sample Factory's. Runs that crash or hang (no output for --stall_seconds) count as
+appo.py's median wall-clock to reach Sample Factory's final median score, that time as a
+fraction of Sample Factory's, and p, the exact rank-sum p-value of appo.py's final scores being
+below Sample Factory's (is a gap more than the seeds' spread?). Runs that crash or hang (no output for --stall_seconds) count as
 failures, are reported, and leave no process and no /dev/shm entry behind.
 """
 import argparse
@@ -66,7 +67,7 @@ SUITE = {
 # (appo.py, Sample Factory) seeds per env. Atari's were (2, 1), the issue's minimum, until a third
 # appo.py seed moved both games' medians by more than the gap being measured; then (3, 2), (5, 2)
 # since seeds 4 and 5 moved breakout's median again, and (5, 3) since a third Sample Factory seed
-# on space_invaders scored below four of appo.py's five (README, the Atari table).
+# on space_invaders scored below three of appo.py's five (README, the Atari table).
 SEEDS = {"doom": (3, 2), "atari": (5, 3)}
 # The system configuration both trainers share. The rollout is each family's in Sample Factory's
 # published configuration (its cfg.py default 32; atari_params.py 128). Atari runs 8 envs, as
