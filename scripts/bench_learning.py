@@ -27,8 +27,9 @@ The table gives per env: the budget, how the tasks were matched, appo.py's media
 budget (min-max over seeds), Sample Factory's, each one's median wall-clock to the budget,
 appo.py's median wall-clock to reach Sample Factory's final median score, that time as a
 fraction of Sample Factory's, and p, the exact rank-sum p-value of appo.py's final scores being
-below Sample Factory's (is a gap more than the seeds' spread?). Runs that crash or hang (no output for --stall_seconds) count as
-failures, are reported, and leave no process and no /dev/shm entry behind.
+below Sample Factory's (is a gap more than the seeds' spread?). Runs that crash or hang (no
+output for --stall_seconds) count as failures, are reported, and leave no process and no
+/dev/shm entry behind.
 """
 import argparse
 import glob
