@@ -111,10 +111,10 @@ FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
     "atari_": {  # atari_params.py, chosen there to match CleanRL's and Stable-Baselines3's PPO
         "rnn_type": "none", "encoder": "convnet_atari",  # the frame stack is the memory
         "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
-        # linear_decay to 0 at the budget. Sample Factory's own schedule reaches 0 at 4x it (see
-        # --lr_decay_frames); measured here at 3M frames, 2 seeds, its horizon scored breakout 30.6 and
-        # space_invaders 397.6 against 30.6 and 436.7, GAE targets then per minibatch (README, the
-        # Atari learning-rate horizon)
+        # linear_decay to 0 at the budget: CleanRL's ppo_atari.py (anneal_lr) and Stable-Baselines3's
+        # zoo (lin_2.5e-4), the schedule atari_params.py means to match. Sample Factory's own reaches 0
+        # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). Measured here, its
+        # horizon made no difference beyond the seeds' spread (README, the Atari learning-rate horizon)
         "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
         # collect a batch, then train on it (falls back to asynchronous where batches do not fit);
