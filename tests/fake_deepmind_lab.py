@@ -42,15 +42,16 @@ class Lab:
         if level_cache is None:
             return None
         key = self.level.replace("/", "_") + ".pk3"
-        pk3_path = os.path.join(tempfile.mkdtemp(), key)
-        if level_cache.fetch(key, pk3_path):
-            with open(pk3_path, "rb") as pk3:
-                assert pk3.read() == b"compiled " + self.level.encode()
-            return True
-        with open(pk3_path, "wb") as pk3:
-            pk3.write(b"compiled " + self.level.encode())
-        level_cache.write(key, pk3_path)
-        return False
+        with tempfile.TemporaryDirectory() as build_dir:  # DMLab's own scratch folder, gone after loading
+            pk3_path = os.path.join(build_dir, key)
+            if level_cache.fetch(key, pk3_path):
+                with open(pk3_path, "rb") as pk3:
+                    assert pk3.read() == b"compiled " + self.level.encode()
+                return True
+            with open(pk3_path, "wb") as pk3:
+                pk3.write(b"compiled " + self.level.encode())
+            level_cache.write(key, pk3_path)
+            return False
 
     def reset(self, episode=-1, seed=None):
         assert seed is None or 0 <= seed < 2**31

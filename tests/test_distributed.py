@@ -21,6 +21,7 @@ SMALL = ["--env", "doom_basic", "--num_workers", "1", "--num_envs_per_worker", "
 
 def torchrun(tmp_path, tag: str, *flags: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "--log_dir", str(tmp_path / "torchrun_logs"),  # else torchrun leaves a torchelastic_* folder in /tmp
                os.path.join(REPO, "appo.py"), *SMALL, "--train_dir", str(tmp_path), "--experiment", "ddp", *flags]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "DISTRIBUTED_TEST_TAG": tag}, start_new_session=True)
