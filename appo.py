@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import glob
 import importlib.util
 import json
@@ -2269,9 +2270,12 @@ def make_children(cfg, shared: Shared, spaces_pair) -> list[Child]:
             children.append(Child(f"policy worker {index} ({serves})", "policy worker", index,
                                   policy_worker_main, (policy_id, index, cfg, shared, spaces_pair)))
             index += 1
+    # Rollout workers never read the weights; on a GPU each process that unpickles them maps them
+    # through CUDA IPC and so starts a CUDA context of its own (GPU memory and seconds of start-up).
+    without_weights = dataclasses.replace(shared, weights=[])
     for worker_id in range(cfg.num_workers):
         children.append(Child(f"rollout worker {worker_id}", "rollout worker", index, rollout_worker_main,
-                              (worker_id, index, cfg, shared), worker_id=worker_id))
+                              (worker_id, index, cfg, without_weights), worker_id=worker_id))
         index += 1
     return children
 
@@ -3007,8 +3011,9 @@ def evaluate(cfg) -> int:
         mismatch = checkpoint_mismatch(model, checkpoint["model"])
         if mismatch:
             raise CheckpointError(f"the checkpoint does not fit {cfg.env}'s model ({mismatch})")
-        model.load_state_dict(checkpoint["model"])
-        print(f"playing {cfg.env} with policy version {checkpoint['policy_version']} "
+        model.load_state_dict(checkpoint["model"])  # checkpoints load on the CPU, wherever they were saved
+        model.to(cfg.device)
+        print(f"playing {cfg.env} on {cfg.device} with policy version {checkpoint['policy_version']} "
               f"({checkpoint['env_frames']:,} env frames of training)", flush=True)
         games = play_games(cfg, env, model, video)
     finally:
@@ -3029,20 +3034,20 @@ def evaluate(cfg) -> int:
 
 def play_games(cfg, env, model: ActorCritic, video: VideoWriter | None) -> list[dict]:
     """Steps `env` until --max_num_episodes games ended; returns each game's per-agent true return."""
-    num_agents = envs.get_num_agents(env)
+    num_agents, device = envs.get_num_agents(env), torch.device(cfg.device)
     obs_keys = list(obs_shapes(env.observation_space))
-    rnn_state = torch.zeros(num_agents, rnn_state_size(cfg))
+    rnn_state = torch.zeros(num_agents, rnn_state_size(cfg), device=device)
     obs = per_agent(env.reset()[0], num_agents)
     games, finished_returns = [], [None] * num_agents
     while len(games) < cfg.max_num_episodes:
         if video is not None:
             video.add(env.render(), f"score {game_score(env):g}")
-        obs_batch = {key: torch.as_tensor(np.stack([o[key] if isinstance(o, dict) else o for o in obs]))
+        obs_batch = {key: torch.as_tensor(np.stack([o[key] if isinstance(o, dict) else o for o in obs])).to(device)
                      for key in obs_keys}
         with torch.no_grad():
             logits, _, rnn_state = model(obs_batch, rnn_state)
         actions = (model.action_dist.mode(logits) if cfg.eval_deterministic
-                   else model.action_dist.sample(logits)).numpy()
+                   else model.action_dist.sample(logits)).cpu().numpy()
         env_actions = [env_action(env.action_space, row) for row in actions]
         obs, rewards, dones, infos = agent_lists(num_agents, *env.step(
             env_actions[0] if num_agents == 1 else env_actions))
@@ -3051,7 +3056,7 @@ def play_games(cfg, env, model: ActorCritic, video: VideoWriter | None) -> list[
                 finished_returns[agent] = (float(info["true_return"]), int(info["true_length"]))
         if all(dones):
             obs = per_agent(env.reset()[0], num_agents)
-        rnn_state = rnn_state * torch.as_tensor([0.0 if done else 1.0 for done in dones]).unsqueeze(1)
+        rnn_state = rnn_state * torch.as_tensor([0.0 if done else 1.0 for done in dones], device=device).unsqueeze(1)
         if all(result is not None for result in finished_returns):  # a whole game ended for everyone
             games.append({"returns": [r for r, _ in finished_returns], "length": finished_returns[0][1]})
             returns = ", ".join(f"agent {agent} return {r:.2f}" for agent, r in enumerate(games[-1]["returns"]))

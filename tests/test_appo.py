@@ -717,6 +717,23 @@ def test_device_resident_weights_are_shared_not_copied_between_processes(spawn):
     assert sum(float(t.double().sum()) for t in target.state_dict().values()) == pytest.approx(expected_sum)
 
 
+def test_only_learners_and_policy_workers_are_handed_the_weights(tmp_path):
+    """On a GPU every process that unpickles the weights opens them through CUDA IPC and starts a
+    CUDA context: rollout workers, which never read them, must not get them."""
+    cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "3", "--train_dir", str(tmp_path)])
+    probe = appo.probe_env(cfg)
+    shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
+    try:
+        children = appo.make_children(cfg, shared, probe.spaces)
+        handed = {child.kind: [arg for arg in child.args if isinstance(arg, appo.Shared)] for child in children}
+        assert [child.kind for child in children].count("rollout worker") == 3
+        assert handed["learner"][0].weights == shared.weights and handed["policy worker"][0].weights == shared.weights
+        rollout_shared = [child.args[3] for child in children if child.kind == "rollout worker"]
+        assert all(s.weights == [] and s.slots is shared.slots and s.run is shared.run for s in rollout_shared)
+    finally:
+        appo.shutdown(shared, [])
+
+
 def publish_from_a_child(weights, cfg, results):
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     with torch.no_grad():
