@@ -8,7 +8,8 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
   ceiling    an upper bound: the cost per sample of an env step, a forward pass at the policy
              worker's precision and largest batch (every actor at once), and the learner's
              forward+backward, each timed on one core, combined into the FPS that all the cores
-             could deliver if no process ever waited
+             could deliver if no process ever waited (with `-- --device cuda` the model's share
+             is timed on the GPU, and the ceiling is the lower of the cores' and the GPU's rates)
   ours       appo.py's steady training FPS with its defaults (a bfloat16 encoder where the
              hardware has it), with how busy each kind of process was and the policy lag
   ours_fp32  the same with --encoder_dtype float32: Sample Factory's precision
@@ -180,11 +181,17 @@ def random_batch(model: appo.ActorCritic, spaces_pair, cfg) -> dict[str, torch.T
     return batch
 
 
-def seconds_per_call(function, min_seconds: float, min_calls: int = 3) -> float:
-    function()  # warm-up: first calls allocate
+def seconds_per_call(function, min_seconds: float, min_calls: int = 3, device: torch.device | None = None) -> float:
+    """Wall-clock seconds per call of `function`; on a GPU each call's kernels are waited for."""
+    def call():
+        function()
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    call()  # warm-up: first calls allocate (and on a GPU load kernels)
     calls, start = 0, time.perf_counter()
     while calls < min_calls or time.perf_counter() - start < min_seconds:
-        function()
+        call()
         calls += 1
     return (time.perf_counter() - start) / calls
 
@@ -209,30 +216,49 @@ def measure_env_step(flags: list[str], seconds: float) -> tuple[float, int]:
 
 
 def measure_ceiling(flags: list[str], seconds: float) -> dict:
-    """Frames per second if every core did nothing but useful work for the trainer."""
+    """Frames per second if every core (and the GPU, with --device cuda) did nothing but useful
+    work for the trainer.
+
+    On the CPU every sample costs an env step, a forward pass and its share of the learner's
+    forward+backward, all paid by the cores. With --device cuda the model runs on the GPU: the
+    cores pay the env steps, the GPU pays the rest, and the ceiling is the lower of the two rates.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         cfg = appo.parse_args(flags)
+        device = torch.device(cfg.device)
         env_s, num_agents = measure_env_step(flags, seconds / 3)
         spaces_pair = appo.probe_env(cfg).spaces
         # as the policy worker holds it, at the largest batch it can form (every actor asking at once)
-        model = appo.ActorCritic(*spaces_pair, cfg).eval().keep_encoder_in_compute_dtype()
+        model = appo.ActorCritic(*spaces_pair, cfg).to(device).eval().keep_encoder_in_compute_dtype()
         inference_batch = cfg.num_workers * cfg.num_envs_per_worker * num_agents
         sample_batch = random_batch(model, spaces_pair, cfg)
         obs = {key: sample_batch[key][0, :1].expand(inference_batch, *sample_batch[key].shape[2:]).contiguous()
-               for key in model.encoders}
-        rnn_state = torch.zeros(inference_batch, appo.rnn_state_size(cfg))
-        inference_s = seconds_per_call(lambda: appo.act(model, obs, rnn_state), seconds / 3) / inference_batch
+               .to(device) for key in model.encoders}
+        rnn_state = torch.zeros(inference_batch, appo.rnn_state_size(cfg), device=device)
+        inference_s = seconds_per_call(lambda: appo.act(model, obs, rnn_state), seconds / 3, device=device)
+        inference_s /= inference_batch
+        # the layout take_batch gives the learner: a time-first view of trajectory-major memory
+        sample_batch = {key: value.transpose(0, 1).to(device).transpose(0, 1) for key, value in sample_batch.items()}
         with tempfile.TemporaryDirectory() as train_dir:
             cfg.train_dir = train_dir  # no checkpoint to resume
             learner = appo.Learner(0, cfg, None, spaces_pair)
-            learner_s = seconds_per_call(lambda: learner.sgd_step(sample_batch), seconds / 3) / cfg.batch_size
+            learner_s = seconds_per_call(lambda: learner.sgd_step(sample_batch), seconds / 3, device=device)
+            learner_s /= cfg.batch_size
     finally:
         torch.set_num_threads(threads)
     cores = len(os.sched_getaffinity(0))
-    core_s_per_env_step = env_s + num_agents * (inference_s + learner_s)
-    return {"fps": cores / core_s_per_env_step * cfg.env_frameskip * num_agents, "cores": cores,
+    frames_per_env_step = cfg.env_frameskip * num_agents
+    model_s = num_agents * (inference_s + learner_s)  # per env step
+    if device.type == "cuda":
+        cpu_fps = cores / env_s * frames_per_env_step
+        gpu_fps = frames_per_env_step / model_s
+        fps = min(cpu_fps, gpu_fps)
+    else:
+        cpu_fps, gpu_fps = cores / (env_s + model_s) * frames_per_env_step, None
+        fps = cpu_fps
+    return {"fps": fps, "cores": cores, "device": str(device), "cpu_bound_fps": cpu_fps, "gpu_bound_fps": gpu_fps,
             "env_ms_per_step": env_s * 1e3, "inference_ms_per_sample": inference_s * 1e3,
             "learner_ms_per_sample": learner_s * 1e3}
 
@@ -468,9 +494,13 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         ceiling = r["runs"].get("ceiling", [{}])[-1]
         if "env_ms_per_step" in ceiling:
-            details.append(f"{r['num_envs']} envs, ceiling on {ceiling['cores']} cores: env step "
-                           f"{ceiling['env_ms_per_step']:.3f} ms, forward {ceiling['inference_ms_per_sample']:.3f} "
-                           f"ms/sample, learner {ceiling['learner_ms_per_sample']:.3f} ms/sample")
+            where = f"{ceiling['cores']} cores" + (" and the GPU" if ceiling.get("gpu_bound_fps") else "")
+            text = (f"{r['num_envs']} envs, ceiling on {where}: env step {ceiling['env_ms_per_step']:.3f} ms, "
+                    f"forward {ceiling['inference_ms_per_sample']:.3f} ms/sample, learner "
+                    f"{ceiling['learner_ms_per_sample']:.3f} ms/sample")
+            if ceiling.get("gpu_bound_fps"):
+                text += f" (cores' bound {ceiling['cpu_bound_fps']:,.0f}, GPU's bound {ceiling['gpu_bound_fps']:,.0f})"
+            details.append(text)
         per_run = {leg: [run["fps"] for run in runs if run.get("fps")] for leg, runs in r["runs"].items()}
         if any(len(fps) > 1 for fps in per_run.values()):
             details.append(f"{r['num_envs']} envs, every run: " + "; ".join(
