@@ -3,14 +3,21 @@
     python appo.py --env doom_basic
     python appo.py --env atari_breakout --num_workers 8 --num_envs_per_worker 4
 
-The file reads in the order data flows (see README.md for the diagram):
-
-    flags -> model -> losses -> shared memory (rollout slots, weights, run state)
-          -> rollout worker -> policy worker -> learner -> runner -> main
-
 Rollout workers step envs and write observations into shared trajectory slots; policy workers
 read them in batches, run the model and write actions back; every `--rollout` steps a slot goes
 to the learner, which trains on it and publishes new weights. Queues carry slot indices only.
+
+The file reads in the order data flows (README.md has the diagram); each section's header
+begins with its name:
+
+    CONFIG                      flags, derived values, every check, before anything starts
+    ALGO LOGIC: the model       encoders, core, action distributions        <- edit here
+    ALGO LOGIC: the losses      V-trace, GAE, the PPO objective             <- edit here
+    PLUMBING: shared memory     trajectory slots, published weights, run state
+    PLUMBING: child processes   what every process does first
+    PLUMBING: rollout worker -> policy worker -> learner -> runner
+    EXTRAS: multi-node (torchrun), population-based training, evaluation
+    main
 
 To fork: search for "ALGO LOGIC" (the model and the loss) and "ENV HOOK" (where envs are made).
 """
@@ -49,7 +56,7 @@ import env as envs
 
 
 # =============================================================================================
-# Flags
+# CONFIG: the flags, the values derived from them, and every check on them (before anything starts)
 # =============================================================================================
 
 HELP_HINT = "Run python appo.py --help for every flag, its values and its default."
@@ -453,9 +460,106 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     return errors
 
 
+def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
+    """--no-async_rl's conditions; the batch's fit waits for the env's agent count where it is not
+    known before making one (num_agents None: a registered env, checked again after the probe)."""
+    if cfg.num_policies > 1 or cfg.past_opponents_fraction > 0:
+        return ["--no-async_rl is for one policy: with several (or past opponents) an env's agents feed "
+                "different learners, and no one batch waits for them all; drop --no-async_rl"]
+    if num_agents is None:
+        return []
+    samples = samples_per_rollout_of_every_env(cfg, num_agents)
+    if cfg.batch_size % samples:
+        agents = f" x {num_agents} agents" if num_agents > 1 else ""
+        return [f"--no-async_rl needs --batch_size to be a whole number of rollouts of every env: "
+                f"--num_workers {cfg.num_workers} x --num_envs_per_worker {cfg.num_envs_per_worker}{agents} "
+                f"x --rollout {cfg.rollout} = {samples:,} samples, and {cfg.batch_size} is not a multiple: use "
+                f"--batch_size {max(1, round(cfg.batch_size / samples)) * samples}, change those flags, or "
+                "drop --no-async_rl"]
+    return []
+
+
+def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
+    """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
+    errors = []
+    if not cfg.async_rl and envs.num_agents_of(cfg.env) is None:
+        errors += synchronous_errors(cfg, probe.num_agents)
+    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
+        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
+    try:
+        continuous = isinstance(action_distribution(probe.spaces[1]), DiagonalGaussian)
+    except ValueError as error:
+        return errors + [f"--env {cfg.env}: {error}"]
+    if continuous and cfg.exploration_loss == "symmetric_kl":
+        errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
+                      "use --exploration_loss entropy")
+    return errors
+
+
+def experiment_dir(cfg) -> str:
+    return os.path.join(cfg.train_dir, cfg.experiment)
+
+
+def experiment_dir_error(cfg) -> str | None:
+    """Can this run write its folder? Found out by making it, and a file in it, before anything
+    starts: a --train_dir under a read-only mount or /proc, or through a regular file, otherwise
+    failed later as a traceback."""
+    name = cfg.experiment
+    if name in ("", ".", "..") or "/" in name or (os.altsep and os.altsep in name):
+        return (f"--experiment {name!r} is not a plain name: it names one folder inside --train_dir, "
+                "so no '/' and not '.' or '..'")
+    path = experiment_dir(cfg)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        return (f"--train_dir {cfg.train_dir}: cannot write the experiment folder {path} "
+                f"({error.strerror or error}); give a folder you can write")
+    return None
+
+
+def saved_config_errors(cfg) -> list[str]:
+    path = os.path.join(experiment_dir(cfg), "config.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        saved = json.load(f)
+    return [f"--{flag} {getattr(cfg, flag)} conflicts with {saved.get(flag)} saved in {path}: "
+            f"use another --experiment or the saved value" for flag in IMMUTABLE_FLAGS
+            if flag in saved and saved[flag] != getattr(cfg, flag)]
+
+
+def flag_errors(cfg) -> list[str]:
+    """Every mistake in the flags, in the order a user can fix them; the run's folder is made
+    (and tested) only when the flags are right."""
+    errors = config_errors(cfg)
+    if errors or cfg.mode != "train":
+        return errors
+    errors = saved_config_errors(cfg)
+    folder_error = None if errors else experiment_dir_error(cfg)
+    return errors + ([folder_error] if folder_error else [])
+
+
+def print_errors(errors: list[str], most: int = 3):
+    for error in errors[:most]:
+        print(f"error: {error}", file=sys.stderr)
+    more = f"({len(errors) - most} more errors after these.) " if len(errors) > most else ""
+    print(f"{more}{HELP_HINT}", file=sys.stderr)
+
+
 # =============================================================================================
-# ALGO LOGIC: the model
+# ALGO LOGIC (edit here): the model
 # =============================================================================================
+
+# Flags that fix the shape of the model (and what its buffers mean).
+MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonlinearity", "doom_game_variables",
+               "normalize_input", "normalize_returns"]
+
+
+# ... and of the data: a resumed experiment must keep them.
+IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
+
 
 class Categoricals:
     """Discrete actions: one categorical per head (Discrete: one head; MultiDiscrete and a Tuple
@@ -653,6 +757,8 @@ CONV_ENCODERS = {
     "convnet_atari": (plain_convnet([(32, 8, 4), (64, 4, 2), (64, 3, 1)], nn.ReLU), nn.ReLU),
     "resnet": (impala_resnet, nn.ReLU),
 }
+
+
 NONLINEARITIES = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
@@ -844,7 +950,7 @@ def act(model: "ActorCritic", obs: dict[str, torch.Tensor], rnn_state: torch.Ten
 
 
 # =============================================================================================
-# ALGO LOGIC: the losses (pure functions; tests import them)
+# ALGO LOGIC (edit here): the losses (pure functions; tests import them)
 # =============================================================================================
 
 def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, rho_bar=1.0, c_bar=1.0):
@@ -1007,7 +1113,7 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
 
 
 # =============================================================================================
-# Shared memory: trajectory slots, published weights, run state
+# PLUMBING: shared memory: trajectory slots, published weights, run state, and who owns what
 # =============================================================================================
 
 def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -1269,6 +1375,50 @@ def learner_owner(cfg, policy_id: int) -> int:
     return cfg.num_workers + policy_id
 
 
+def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
+    num_actors = cfg.num_workers * cfg.num_envs_per_worker * probe.num_agents
+    slots_per_batch = cfg.batch_size // cfg.rollout
+    # Each actor fills one slot, and each learner's next batch waits in slots of its own while the
+    # learner trains (Learner.batcher copies it out only when the learner asks). No more: slots to
+    # spare would let rollout workers run ahead of a slow learner, and every batch they fill ahead
+    # adds a policy version of lag (with twice the actors plus two batches of slots, as before,
+    # doom_basic at 2x8 envs trained 5-7 versions behind; Sample Factory also stops collecting
+    # when two batches wait).
+    num_slots = num_actors + slots_per_batch * cfg.num_policies
+    if cfg.serial_mode:  # no learner frees slots while a worker steps: room for every actor to fill one more
+        num_slots += num_actors
+    make_queue = (lambda capacity: InProcessQueue()) if cfg.serial_mode else appo_ipc.Queue
+    specs = rollout_buffer_specs(*probe.spaces, cfg)
+    weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
+    weights = []
+    for policy_id in range(cfg.num_policies):
+        shared_weights = SharedWeights(model, weights_device)
+        checkpoint = load_latest_checkpoint(cfg, policy_id)
+        if checkpoint is not None:  # policy workers act with the resumed weights from the start
+            mismatch = checkpoint_mismatch(model, checkpoint["model"])
+            if mismatch:
+                raise CheckpointError(f"the checkpoint in {checkpoint_dir(cfg, policy_id)} was made by a different "
+                                      f"model ({mismatch}): use another --experiment or the flags it was trained with")
+            model.load_state_dict(checkpoint["model"])
+            shared_weights.publish(model, checkpoint["policy_version"])
+        weights.append(shared_weights)
+    if past_policy_id(cfg) is not None:
+        weights.append(SharedWeights(model, weights_device))  # until refresh_past_opponent finds a checkpoint
+    return Shared(
+        slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
+        weights=weights,
+        hyperparams=PolicyHyperparams(cfg, probe.reward_shaping),
+        request_queues=[make_queue(1 << 20) for _ in range(num_acting_policies(cfg))],
+        learner_queues=[make_queue(1 << 20) for _ in range(cfg.num_policies)],
+        stats_queue=make_queue(8 << 20),
+        run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
+    )
+
+
+# =============================================================================================
+# PLUMBING: child processes: what every one does first (names, signals, threads, engine output)
+# =============================================================================================
+
 def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
     """Every child: a name that `ps`/`top` show (appo-<role>), die with the parent, leave Ctrl-C
     to the runner, few threads.
@@ -1341,7 +1491,7 @@ def parent_alive(parent_pid: int) -> bool:
 
 
 # =============================================================================================
-# Rollout worker: steps envs, writes obs into slots, asks for actions, hands full slots on
+# PLUMBING: rollout worker: steps envs, writes obs into slots, asks for actions, hands full slots on
 # =============================================================================================
 
 class Actor:
@@ -1674,7 +1824,7 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
 
 
 # =============================================================================================
-# Policy worker: batched inference for one policy; stateless (RNN states live in the slots)
+# PLUMBING: policy worker: batched inference for one policy; stateless (RNN states live in the slots)
 # =============================================================================================
 
 class PolicyWorker:
@@ -1750,7 +1900,8 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
 
 
 # =============================================================================================
-# Learner: batches finished slots in a background thread, trains, publishes weights
+# PLUMBING: learner: batches finished slots in a background thread, trains, publishes weights,
+# saves checkpoints
 # =============================================================================================
 
 def checkpoint_dir(cfg, policy_id: int) -> str:
@@ -1820,84 +1971,6 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
                 for label, keys in [("missing keys", missing), ("unexpected keys", unexpected),
                                     ("shape mismatches (checkpoint vs model)", reshaped)] if keys]
     return "; ".join(problems) or None
-
-
-# ---------------------------------------------------------------------------------------------
-# Multi-node (torchrun): each rank runs the whole trainer on its own experience; the learners
-# average their gradients every step (DD-PPO's scheme), so the weights stay identical.
-# ---------------------------------------------------------------------------------------------
-
-def distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def init_distributed(cfg):
-    """Joins the learners of all ranks (torchrun's MASTER_ADDR/PORT, RANK, WORLD_SIZE)."""
-    import datetime
-    # small control tensors stay on the CPU (gloo); with CUDA, gradients go through NCCL
-    backend = "cpu:gloo,cuda:nccl" if cfg.device.startswith("cuda") else "gloo"
-    torch.distributed.init_process_group(backend, rank=cfg.rank, world_size=cfg.world_size,
-                                         timeout=datetime.timedelta(seconds=cfg.distributed_timeout))
-
-
-def broadcast_training_state(learner: "Learner"):
-    """Rank 0's weights, normaliser statistics, optimiser state and counters, to every rank."""
-    for tensor in learner.model.state_dict().values():
-        contiguous = tensor.contiguous()  # channels-last conv weights are not, and gloo needs it
-        torch.distributed.broadcast(contiguous, src=0)
-        tensor.copy_(contiguous)
-    state = [learner.optimizer.state_dict(), learner.policy_version, learner.env_frames]
-    torch.distributed.broadcast_object_list(state, src=0)  # pickled, but only between our own ranks
-    learner.optimizer.load_state_dict(state[0])
-    learner.policy_version, learner.env_frames = state[1], state[2]
-
-
-def average_gradients(model: nn.Module):
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([grad.reshape(-1) for grad in grads])
-    torch.distributed.all_reduce(flat)
-    flat /= torch.distributed.get_world_size()
-    offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
-
-
-def all_ranks_agree(flag: bool) -> bool:
-    """True only if `flag` is true on every rank (so that every rank makes the same decision)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
-    return bool(value.item())
-
-
-def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Mean and variance of the union of every rank's batch, from each rank's (mean, var, n)."""
-    sums = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=mean.device),
-                      (mean.double() * n).reshape(-1), ((var.double() + mean.double() ** 2) * n).reshape(-1)])
-    torch.distributed.all_reduce(sums)
-    total = int(sums[0].item())
-    if total == 0:
-        return mean, var, 0
-    size = mean.numel()
-    all_mean = sums[1:1 + size] / total
-    all_var = (sums[1 + size:] / total - all_mean ** 2).clamp_(min=0.0)
-    return all_mean.view_as(mean).to(mean.dtype), all_var.view_as(var).to(var.dtype), total
-
-
-def exchange_progress(stop: bool, frames: int) -> tuple[bool, int]:
-    """Once per step: whether any rank wants to stop, and the frames all ranks have collected."""
-    values = torch.tensor([1 if stop else 0, frames], dtype=torch.int64)
-    torch.distributed.all_reduce(values)
-    return bool(values[0].item()), int(values[1].item())
-
-
-def weights_checksum(model: nn.Module) -> str:
-    """SHA-256 of every weight and statistic: equal on all ranks when they are in sync."""
-    import hashlib
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
@@ -2171,8 +2244,31 @@ def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces
 
 
 # =============================================================================================
-# Runner: spawns everything, prints status, writes summaries, stops cleanly
+# PLUMBING: runner: probes the env, spawns and supervises everything, prints status, writes
+# summaries, stops cleanly
 # =============================================================================================
+
+@dataclass
+class EnvProbe:
+    """What the runner learns from one env before starting anything."""
+    spaces: tuple[spaces.Space, spaces.Space]    # (observation space, action space)
+    num_agents: int
+    reward_shaping: dict[str, float] | None      # the env's default shaping weights, if it has any
+
+
+def probe_env(cfg) -> EnvProbe:
+    with engine_output_to(engine_log_path(cfg, "probe")):
+        probe = envs.create_env(cfg.env, cfg, env_index=0)  # ENV HOOK
+        try:
+            return EnvProbe((probe.observation_space, probe.action_space), envs.get_num_agents(probe),
+                            envs.reward_shaping_weights(probe))
+        finally:
+            probe.close()
+
+
+def num_processes(cfg) -> int:
+    return cfg.num_policies + num_acting_policies(cfg) * cfg.policy_workers_per_policy + cfg.num_workers
+
 
 class Stats:
     """What the runner knows: frame counts over time, recent episodes, learner and timing stats."""
@@ -2438,104 +2534,6 @@ class SerialRun:
         shutdown(self.shared, [])
 
 
-def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
-    """--no-async_rl's conditions; the batch's fit waits for the env's agent count where it is not
-    known before making one (num_agents None: a registered env, checked again after the probe)."""
-    if cfg.num_policies > 1 or cfg.past_opponents_fraction > 0:
-        return ["--no-async_rl is for one policy: with several (or past opponents) an env's agents feed "
-                "different learners, and no one batch waits for them all; drop --no-async_rl"]
-    if num_agents is None:
-        return []
-    samples = samples_per_rollout_of_every_env(cfg, num_agents)
-    if cfg.batch_size % samples:
-        agents = f" x {num_agents} agents" if num_agents > 1 else ""
-        return [f"--no-async_rl needs --batch_size to be a whole number of rollouts of every env: "
-                f"--num_workers {cfg.num_workers} x --num_envs_per_worker {cfg.num_envs_per_worker}{agents} "
-                f"x --rollout {cfg.rollout} = {samples:,} samples, and {cfg.batch_size} is not a multiple: use "
-                f"--batch_size {max(1, round(cfg.batch_size / samples)) * samples}, change those flags, or "
-                "drop --no-async_rl"]
-    return []
-
-
-def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
-    """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
-    errors = []
-    if not cfg.async_rl and envs.num_agents_of(cfg.env) is None:
-        errors += synchronous_errors(cfg, probe.num_agents)
-    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
-        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
-    try:
-        continuous = isinstance(action_distribution(probe.spaces[1]), DiagonalGaussian)
-    except ValueError as error:
-        return errors + [f"--env {cfg.env}: {error}"]
-    if continuous and cfg.exploration_loss == "symmetric_kl":
-        errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
-                      "use --exploration_loss entropy")
-    return errors
-
-
-@dataclass
-class EnvProbe:
-    """What the runner learns from one env before starting anything."""
-    spaces: tuple[spaces.Space, spaces.Space]    # (observation space, action space)
-    num_agents: int
-    reward_shaping: dict[str, float] | None      # the env's default shaping weights, if it has any
-
-
-def probe_env(cfg) -> EnvProbe:
-    with engine_output_to(engine_log_path(cfg, "probe")):
-        probe = envs.create_env(cfg.env, cfg, env_index=0)  # ENV HOOK
-        try:
-            return EnvProbe((probe.observation_space, probe.action_space), envs.get_num_agents(probe),
-                            envs.reward_shaping_weights(probe))
-        finally:
-            probe.close()
-
-
-def num_processes(cfg) -> int:
-    return cfg.num_policies + num_acting_policies(cfg) * cfg.policy_workers_per_policy + cfg.num_workers
-
-
-def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
-    num_actors = cfg.num_workers * cfg.num_envs_per_worker * probe.num_agents
-    slots_per_batch = cfg.batch_size // cfg.rollout
-    # Each actor fills one slot, and each learner's next batch waits in slots of its own while the
-    # learner trains (Learner.batcher copies it out only when the learner asks). No more: slots to
-    # spare would let rollout workers run ahead of a slow learner, and every batch they fill ahead
-    # adds a policy version of lag (with twice the actors plus two batches of slots, as before,
-    # doom_basic at 2x8 envs trained 5-7 versions behind; Sample Factory also stops collecting
-    # when two batches wait).
-    num_slots = num_actors + slots_per_batch * cfg.num_policies
-    if cfg.serial_mode:  # no learner frees slots while a worker steps: room for every actor to fill one more
-        num_slots += num_actors
-    make_queue = (lambda capacity: InProcessQueue()) if cfg.serial_mode else appo_ipc.Queue
-    specs = rollout_buffer_specs(*probe.spaces, cfg)
-    weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
-    weights = []
-    for policy_id in range(cfg.num_policies):
-        shared_weights = SharedWeights(model, weights_device)
-        checkpoint = load_latest_checkpoint(cfg, policy_id)
-        if checkpoint is not None:  # policy workers act with the resumed weights from the start
-            mismatch = checkpoint_mismatch(model, checkpoint["model"])
-            if mismatch:
-                raise CheckpointError(f"the checkpoint in {checkpoint_dir(cfg, policy_id)} was made by a different "
-                                      f"model ({mismatch}): use another --experiment or the flags it was trained with")
-            model.load_state_dict(checkpoint["model"])
-            shared_weights.publish(model, checkpoint["policy_version"])
-        weights.append(shared_weights)
-    if past_policy_id(cfg) is not None:
-        weights.append(SharedWeights(model, weights_device))  # until refresh_past_opponent finds a checkpoint
-    return Shared(
-        slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
-        weights=weights,
-        hyperparams=PolicyHyperparams(cfg, probe.reward_shaping),
-        request_queues=[make_queue(1 << 20) for _ in range(num_acting_policies(cfg))],
-        learner_queues=[make_queue(1 << 20) for _ in range(cfg.num_policies)],
-        stats_queue=make_queue(8 << 20),
-        run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
-    )
-
-
 def frames_collected(cfg, shared: Shared) -> int:
     """Env frames collected so far: by this machine's workers, or under torchrun by every rank's."""
     if cfg.world_size > 1:
@@ -2623,185 +2621,6 @@ def start_wandb(cfg):
             f.write(run_id)
     return wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
                       id=run_id, resume="allow", config=vars(cfg), dir=experiment_dir(cfg))
-
-
-# ---------------------------------------------------------------------------------------------
-# Population-based training: every period the runner ranks the policies by their true objective,
-# the worst take over the weights and hyperparameters of one of the best, and everyone outside
-# the best mutates. Learners and rollout workers pick the changes up from PolicyHyperparams.
-# ---------------------------------------------------------------------------------------------
-
-def pbt_best_and_worst(objectives: list[float], replace_fraction: float) -> tuple[list[int], list[int]]:
-    """Policy ids of the best and of the worst `replace_fraction` of the population (one at least)."""
-    ranked = sorted(range(len(objectives)), key=lambda policy_id: objectives[policy_id], reverse=True)
-    count = max(1, int(len(objectives) * replace_fraction))
-    return ranked[:count], ranked[-count:]
-
-
-def pbt_mutate(row: dict[str, float], rng: random.Random, rate: float, factor: float):
-    """Each hyperparameter changes with probability `rate`, multiplied or divided by `factor`.
-    Returns the new row and {name: (old, new)} of what changed."""
-    new_row, changes = dict(row), {}
-    for name, old in row.items():
-        if rng.random() >= rate:
-            continue
-        scale = factor if rng.random() < 0.5 else 1.0 / factor
-        if name == "adam_beta1":  # scale the distance to 1, so beta1 stays below 1
-            new = 1.0 - min(0.999, (1.0 - old) * scale)
-        else:
-            new = old * scale
-        new_row[name], changes[name] = new, (old, new)
-    return new_row, changes
-
-
-def pbt_round(objectives: list[float], rows: list[dict], rng: random.Random, cfg) -> tuple[list[dict], list[dict]]:
-    """One PBT decision for the whole population: new hyperparameter rows, and the events (one dict
-    per replacement or mutation) that say what happened and why."""
-    rows = [dict(row) for row in rows]
-    best, worst = pbt_best_and_worst(objectives, cfg.pbt_replace_fraction)
-    events = []
-    for policy_id in worst:
-        if policy_id in best:
-            continue
-        source = rng.choice(best)
-        gap = objectives[source] - objectives[policy_id]
-        if gap >= cfg.pbt_replace_reward_gap:
-            rows[policy_id] = dict(rows[source])
-            events.append({"policy_id": policy_id, "event": "replaced", "source": source,
-                           "objective": objectives[policy_id], "source_objective": objectives[source]})
-    for policy_id in range(len(rows)):
-        if policy_id in best:
-            continue
-        rows[policy_id], changes = pbt_mutate(rows[policy_id], rng, cfg.pbt_mutation_rate, cfg.pbt_mutation_factor)
-        if changes:
-            events.append({"policy_id": policy_id, "event": "mutated", "objective": objectives[policy_id],
-                           "changes": {name: list(change) for name, change in changes.items()}})
-    return rows, events
-
-
-class PopulationBasedTraining:
-    """The runner's side of PBT: when to hold a round, carrying out its decisions, and one JSON file
-    per policy (train_dir/experiment/checkpoint_p<i>/pbt.json: hyperparameters, the frames of the
-    next round, every event) from which a restarted run resumes."""
-
-    def __init__(self, cfg, hyperparams: PolicyHyperparams):
-        self.cfg, self.hyperparams = cfg, hyperparams
-        self.rng = random.Random(cfg.seed)
-        self.next_round_frames = cfg.pbt_period_env_steps
-        self.history: list[list[dict]] = [[] for _ in range(cfg.num_policies)]
-        for policy_id in range(cfg.num_policies):
-            saved = self.load(policy_id)
-            if saved is not None:
-                row = hyperparams.row(policy_id)
-                row.update({name: value for name, value in saved["hyperparameters"].items() if name in row})
-                hyperparams.set_row(policy_id, row)
-                print(f"pbt: policy {policy_id} resumes with " + ", ".join(f"{name} {value:.4g}" for name, value
-                                                                        in row.items()), flush=True)
-                self.history[policy_id] = saved["history"]
-                self.next_round_frames = saved["next_round_frames"]
-
-    def path(self, policy_id: int) -> str:
-        return os.path.join(checkpoint_dir(self.cfg, policy_id), "pbt.json")
-
-    def load(self, policy_id: int) -> dict | None:
-        if not os.path.exists(self.path(policy_id)):
-            return None
-        with open(self.path(policy_id)) as f:
-            return json.load(f)
-
-    def save(self):
-        for policy_id in range(self.cfg.num_policies):
-            os.makedirs(checkpoint_dir(self.cfg, policy_id), exist_ok=True)
-            state = {"policy_id": policy_id, "hyperparameters": self.hyperparams.row(policy_id),
-                     "next_round_frames": self.next_round_frames, "history": self.history[policy_id]}
-            with open(self.path(policy_id) + ".tmp", "w") as f:
-                json.dump(state, f, indent=2)
-            os.replace(self.path(policy_id) + ".tmp", self.path(policy_id))
-
-    def step(self, stats: Stats, shared: Shared):
-        """Holds a round once every policy has trained on the period's frames and played an episode."""
-        frames = int(shared.run.learner_frames.min())
-        if frames < self.next_round_frames or not all(stats.episode_objectives):
-            return
-        objectives = [float(np.mean(recent)) for recent in stats.episode_objectives]
-        rows = [self.hyperparams.row(policy_id) for policy_id in range(self.cfg.num_policies)]
-        new_rows, events = pbt_round(objectives, rows, self.rng, self.cfg)
-        print(f"pbt: round at {frames:,} frames, objectives "
-              + " ".join(f"p{i} {objective:.2f}" for i, objective in enumerate(objectives)), flush=True)
-        for event in events:
-            policy_id = event["policy_id"]
-            if event["event"] == "replaced":
-                shared.hyperparams.request_copy(policy_id, event["source"])
-                stats.episode_objectives[policy_id].clear()  # the next round judges the new weights
-                print(f"pbt: policy {policy_id} (objective {event['objective']:.2f}) takes the weights and "
-                      f"hyperparameters of policy {event['source']} ({event['source_objective']:.2f})", flush=True)
-            else:
-                print(f"pbt: policy {policy_id} mutates " + ", ".join(
-                    f"{name} {old:.4g} -> {new:.4g}" for name, (old, new) in event["changes"].items()), flush=True)
-            self.history[policy_id].append({"frames": frames, **event})
-        for policy_id, row in enumerate(new_rows):
-            if row != rows[policy_id]:
-                self.hyperparams.set_row(policy_id, row)
-        self.next_round_frames = frames + self.cfg.pbt_period_env_steps
-        self.save()
-
-
-def refresh_past_opponent(cfg, shared: Shared, model: ActorCritic, rng: random.Random) -> str | None:
-    """Publishes a random saved checkpoint of a random policy as the past-version opponent (its
-    policy workers pick it up like new weights). Returns the checkpoint's path, None if none loaded."""
-    paths = [path for policy_id in range(cfg.num_policies)
-             for path in glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth"))]
-    if not paths:
-        return None
-    path = rng.choice(paths)
-    try:
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["model"])
-    except Exception:  # rotated away by --keep_checkpoints in the meantime: next time
-        return None
-    past_weights = shared.weights[past_policy_id(cfg)]
-    past_weights.publish(model, past_weights.version + 1)
-    return path
-
-
-def experiment_dir(cfg) -> str:
-    return os.path.join(cfg.train_dir, cfg.experiment)
-
-
-# Flags that fix the shape of the model (and what its buffers mean).
-MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonlinearity", "doom_game_variables",
-               "normalize_input", "normalize_returns"]
-# ... and of the data: a resumed experiment must keep them.
-IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
-
-
-def experiment_dir_error(cfg) -> str | None:
-    """Can this run write its folder? Found out by making it, and a file in it, before anything
-    starts: a --train_dir under a read-only mount or /proc, or through a regular file, otherwise
-    failed later as a traceback."""
-    name = cfg.experiment
-    if name in ("", ".", "..") or "/" in name or (os.altsep and os.altsep in name):
-        return (f"--experiment {name!r} is not a plain name: it names one folder inside --train_dir, "
-                "so no '/' and not '.' or '..'")
-    path = experiment_dir(cfg)
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as error:
-        return (f"--train_dir {cfg.train_dir}: cannot write the experiment folder {path} "
-                f"({error.strerror or error}); give a folder you can write")
-    return None
-
-
-def saved_config_errors(cfg) -> list[str]:
-    path = os.path.join(experiment_dir(cfg), "config.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        saved = json.load(f)
-    return [f"--{flag} {getattr(cfg, flag)} conflicts with {saved.get(flag)} saved in {path}: "
-            f"use another --experiment or the saved value" for flag in IMMUTABLE_FLAGS
-            if flag in saved and saved[flag] != getattr(cfg, flag)]
 
 
 def save_config(cfg):
@@ -2942,10 +2761,225 @@ def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0, learne
 
 
 # =============================================================================================
-# Evaluation: play a saved policy, print its scores, record what it sees
+# EXTRAS: multi-node (torchrun): each rank runs the whole trainer on its own experience; the
+# learners average their gradients every step (DD-PPO's scheme), so the weights stay identical
 # =============================================================================================
 
+def distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
+
+def init_distributed(cfg):
+    """Joins the learners of all ranks (torchrun's MASTER_ADDR/PORT, RANK, WORLD_SIZE)."""
+    import datetime
+    # small control tensors stay on the CPU (gloo); with CUDA, gradients go through NCCL
+    backend = "cpu:gloo,cuda:nccl" if cfg.device.startswith("cuda") else "gloo"
+    torch.distributed.init_process_group(backend, rank=cfg.rank, world_size=cfg.world_size,
+                                         timeout=datetime.timedelta(seconds=cfg.distributed_timeout))
+
+
+def broadcast_training_state(learner: "Learner"):
+    """Rank 0's weights, normaliser statistics, optimiser state and counters, to every rank."""
+    for tensor in learner.model.state_dict().values():
+        contiguous = tensor.contiguous()  # channels-last conv weights are not, and gloo needs it
+        torch.distributed.broadcast(contiguous, src=0)
+        tensor.copy_(contiguous)
+    state = [learner.optimizer.state_dict(), learner.policy_version, learner.env_frames]
+    torch.distributed.broadcast_object_list(state, src=0)  # pickled, but only between our own ranks
+    learner.optimizer.load_state_dict(state[0])
+    learner.policy_version, learner.env_frames = state[1], state[2]
+
+
+def average_gradients(model: nn.Module):
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    torch.distributed.all_reduce(flat)
+    flat /= torch.distributed.get_world_size()
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def all_ranks_agree(flag: bool) -> bool:
+    """True only if `flag` is true on every rank (so that every rank makes the same decision)."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+    return bool(value.item())
+
+
+def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Mean and variance of the union of every rank's batch, from each rank's (mean, var, n)."""
+    sums = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=mean.device),
+                      (mean.double() * n).reshape(-1), ((var.double() + mean.double() ** 2) * n).reshape(-1)])
+    torch.distributed.all_reduce(sums)
+    total = int(sums[0].item())
+    if total == 0:
+        return mean, var, 0
+    size = mean.numel()
+    all_mean = sums[1:1 + size] / total
+    all_var = (sums[1 + size:] / total - all_mean ** 2).clamp_(min=0.0)
+    return all_mean.view_as(mean).to(mean.dtype), all_var.view_as(var).to(var.dtype), total
+
+
+def exchange_progress(stop: bool, frames: int) -> tuple[bool, int]:
+    """Once per step: whether any rank wants to stop, and the frames all ranks have collected."""
+    values = torch.tensor([1 if stop else 0, frames], dtype=torch.int64)
+    torch.distributed.all_reduce(values)
+    return bool(values[0].item()), int(values[1].item())
+
+
+def weights_checksum(model: nn.Module) -> str:
+    """SHA-256 of every weight and statistic: equal on all ranks when they are in sync."""
+    import hashlib
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+# =============================================================================================
+# EXTRAS: population-based training and past-version opponents: every period the runner ranks the
+# policies by their true objective, the worst take over the weights and hyperparameters of one of
+# the best, and everyone outside the best mutates. Learners and rollout workers pick the changes up
+# from PolicyHyperparams.
+# =============================================================================================
+
+def pbt_best_and_worst(objectives: list[float], replace_fraction: float) -> tuple[list[int], list[int]]:
+    """Policy ids of the best and of the worst `replace_fraction` of the population (one at least)."""
+    ranked = sorted(range(len(objectives)), key=lambda policy_id: objectives[policy_id], reverse=True)
+    count = max(1, int(len(objectives) * replace_fraction))
+    return ranked[:count], ranked[-count:]
+
+
+def pbt_mutate(row: dict[str, float], rng: random.Random, rate: float, factor: float):
+    """Each hyperparameter changes with probability `rate`, multiplied or divided by `factor`.
+    Returns the new row and {name: (old, new)} of what changed."""
+    new_row, changes = dict(row), {}
+    for name, old in row.items():
+        if rng.random() >= rate:
+            continue
+        scale = factor if rng.random() < 0.5 else 1.0 / factor
+        if name == "adam_beta1":  # scale the distance to 1, so beta1 stays below 1
+            new = 1.0 - min(0.999, (1.0 - old) * scale)
+        else:
+            new = old * scale
+        new_row[name], changes[name] = new, (old, new)
+    return new_row, changes
+
+
+def pbt_round(objectives: list[float], rows: list[dict], rng: random.Random, cfg) -> tuple[list[dict], list[dict]]:
+    """One PBT decision for the whole population: new hyperparameter rows, and the events (one dict
+    per replacement or mutation) that say what happened and why."""
+    rows = [dict(row) for row in rows]
+    best, worst = pbt_best_and_worst(objectives, cfg.pbt_replace_fraction)
+    events = []
+    for policy_id in worst:
+        if policy_id in best:
+            continue
+        source = rng.choice(best)
+        gap = objectives[source] - objectives[policy_id]
+        if gap >= cfg.pbt_replace_reward_gap:
+            rows[policy_id] = dict(rows[source])
+            events.append({"policy_id": policy_id, "event": "replaced", "source": source,
+                           "objective": objectives[policy_id], "source_objective": objectives[source]})
+    for policy_id in range(len(rows)):
+        if policy_id in best:
+            continue
+        rows[policy_id], changes = pbt_mutate(rows[policy_id], rng, cfg.pbt_mutation_rate, cfg.pbt_mutation_factor)
+        if changes:
+            events.append({"policy_id": policy_id, "event": "mutated", "objective": objectives[policy_id],
+                           "changes": {name: list(change) for name, change in changes.items()}})
+    return rows, events
+
+
+class PopulationBasedTraining:
+    """The runner's side of PBT: when to hold a round, carrying out its decisions, and one JSON file
+    per policy (train_dir/experiment/checkpoint_p<i>/pbt.json: hyperparameters, the frames of the
+    next round, every event) from which a restarted run resumes."""
+
+    def __init__(self, cfg, hyperparams: PolicyHyperparams):
+        self.cfg, self.hyperparams = cfg, hyperparams
+        self.rng = random.Random(cfg.seed)
+        self.next_round_frames = cfg.pbt_period_env_steps
+        self.history: list[list[dict]] = [[] for _ in range(cfg.num_policies)]
+        for policy_id in range(cfg.num_policies):
+            saved = self.load(policy_id)
+            if saved is not None:
+                row = hyperparams.row(policy_id)
+                row.update({name: value for name, value in saved["hyperparameters"].items() if name in row})
+                hyperparams.set_row(policy_id, row)
+                print(f"pbt: policy {policy_id} resumes with " + ", ".join(f"{name} {value:.4g}" for name, value
+                                                                        in row.items()), flush=True)
+                self.history[policy_id] = saved["history"]
+                self.next_round_frames = saved["next_round_frames"]
+
+    def path(self, policy_id: int) -> str:
+        return os.path.join(checkpoint_dir(self.cfg, policy_id), "pbt.json")
+
+    def load(self, policy_id: int) -> dict | None:
+        if not os.path.exists(self.path(policy_id)):
+            return None
+        with open(self.path(policy_id)) as f:
+            return json.load(f)
+
+    def save(self):
+        for policy_id in range(self.cfg.num_policies):
+            os.makedirs(checkpoint_dir(self.cfg, policy_id), exist_ok=True)
+            state = {"policy_id": policy_id, "hyperparameters": self.hyperparams.row(policy_id),
+                     "next_round_frames": self.next_round_frames, "history": self.history[policy_id]}
+            with open(self.path(policy_id) + ".tmp", "w") as f:
+                json.dump(state, f, indent=2)
+            os.replace(self.path(policy_id) + ".tmp", self.path(policy_id))
+
+    def step(self, stats: Stats, shared: Shared):
+        """Holds a round once every policy has trained on the period's frames and played an episode."""
+        frames = int(shared.run.learner_frames.min())
+        if frames < self.next_round_frames or not all(stats.episode_objectives):
+            return
+        objectives = [float(np.mean(recent)) for recent in stats.episode_objectives]
+        rows = [self.hyperparams.row(policy_id) for policy_id in range(self.cfg.num_policies)]
+        new_rows, events = pbt_round(objectives, rows, self.rng, self.cfg)
+        print(f"pbt: round at {frames:,} frames, objectives "
+              + " ".join(f"p{i} {objective:.2f}" for i, objective in enumerate(objectives)), flush=True)
+        for event in events:
+            policy_id = event["policy_id"]
+            if event["event"] == "replaced":
+                shared.hyperparams.request_copy(policy_id, event["source"])
+                stats.episode_objectives[policy_id].clear()  # the next round judges the new weights
+                print(f"pbt: policy {policy_id} (objective {event['objective']:.2f}) takes the weights and "
+                      f"hyperparameters of policy {event['source']} ({event['source_objective']:.2f})", flush=True)
+            else:
+                print(f"pbt: policy {policy_id} mutates " + ", ".join(
+                    f"{name} {old:.4g} -> {new:.4g}" for name, (old, new) in event["changes"].items()), flush=True)
+            self.history[policy_id].append({"frames": frames, **event})
+        for policy_id, row in enumerate(new_rows):
+            if row != rows[policy_id]:
+                self.hyperparams.set_row(policy_id, row)
+        self.next_round_frames = frames + self.cfg.pbt_period_env_steps
+        self.save()
+
+
+def refresh_past_opponent(cfg, shared: Shared, model: ActorCritic, rng: random.Random) -> str | None:
+    """Publishes a random saved checkpoint of a random policy as the past-version opponent (its
+    policy workers pick it up like new weights). Returns the checkpoint's path, None if none loaded."""
+    paths = [path for policy_id in range(cfg.num_policies)
+             for path in glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth"))]
+    if not paths:
+        return None
+    path = rng.choice(paths)
+    try:
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["model"])
+    except Exception:  # rotated away by --keep_checkpoints in the meantime: next time
+        return None
+    past_weights = shared.weights[past_policy_id(cfg)]
+    past_weights.publish(model, past_weights.version + 1)
+    return path
+
+
+# =============================================================================================
+# EXTRAS: evaluation: play a saved policy, print its scores, record what it sees
+# =============================================================================================
 
 def load_policy_for_eval(cfg) -> dict:
     """The checkpoint to play (--checkpoint or the experiment's latest); its flags override cfg's."""
@@ -3079,23 +3113,9 @@ def game_score(env) -> float:
         return float("nan")
 
 
-def flag_errors(cfg) -> list[str]:
-    """Every mistake in the flags, in the order a user can fix them; the run's folder is made
-    (and tested) only when the flags are right."""
-    errors = config_errors(cfg)
-    if errors or cfg.mode != "train":
-        return errors
-    errors = saved_config_errors(cfg)
-    folder_error = None if errors else experiment_dir_error(cfg)
-    return errors + ([folder_error] if folder_error else [])
-
-
-def print_errors(errors: list[str], most: int = 3):
-    for error in errors[:most]:
-        print(f"error: {error}", file=sys.stderr)
-    more = f"({len(errors) - most} more errors after these.) " if len(errors) > most else ""
-    print(f"{more}{HELP_HINT}", file=sys.stderr)
-
+# =============================================================================================
+# main
+# =============================================================================================
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
