@@ -768,6 +768,20 @@ class ActorCritic(nn.Module):
     Images (uint8, CHW) go through the --encoder conv net; 1-D float observations (Doom's game
     variables, a gym: env's state) through an MLP (--encoder_mlp_layers); the features are
     concatenated and go through one FC layer (--hidden_size).
+
+    The contract: what the rest of the file calls on the model, which a replacement must keep.
+    - forward(obs, rnn_state) -> (logits, values, next_rnn_state): one step of N envs (policy
+      workers, evaluation); forward_rollout(obs, first_rnn_state, dones) -> (logits, values) over
+      [T+1, B] trajectories (the loss). A test checks that the two agree.
+    - encoders: keyed by observation name; its keys are the observations that the policy workers
+      and the learner read from the slots (obs_shapes gives the same keys from the space).
+    - action_dist: the distribution over policy_head's output (sample, mode, log_prob, entropy).
+    - rnn_state_size(cfg): the floats of recurrent state per env that the slots carry.
+    - update_normalizers(obs): the learner, once per batch; normalize_returns, returns_normalizer
+      and values_to_returns: the losses, with --normalize_returns.
+    - keep_encoder_in_compute_dtype(): policy workers only (they never train).
+    - state_dict(): its keys, order and shapes are the layout of the published weights
+      (SharedWeights) and of checkpoints; MODEL_FLAGS lists the flags that fix them.
     """
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, cfg):
