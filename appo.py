@@ -252,11 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "otherwise cpu (rollout workers always run on the CPU)")
     system.add_argument("--learner_threads", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 2)),
                         help="torch threads of the learner (default: half the CPU cores, 1 to 4). More threads "
-                             "than cores left free by the workers waste time waiting for each other: on 2 cores "
-                             "1 thread gave 3,510 frames/s and 2 threads 3,077 (doom_basic, 2x8 envs)")
+                             "than cores left free by the workers waste time waiting for each other "
+                             "(docs/measurements.md)")
     system.add_argument("--policy_worker_threads", type=int, default=1,
-                        help="torch threads of each policy worker (its batches are small: 2 threads on "
-                             "2 cores oversubscribed them and halved FPS)")
+                        help="torch threads of each policy worker; its batches are small, so more threads "
+                             "mostly wait for each other (docs/measurements.md)")
     system.add_argument("--env_step_timeout", type=float, default=60.0,
                         help="seconds a rollout or policy worker may go without progress (a hung env) "
                              "before it is killed and restarted")
@@ -686,7 +686,7 @@ class RunningNormalizer(nn.Module):
         if n:
             batch = batch.float()
             batch_mean = batch.mean(0)
-            batch_var = (batch - batch_mean).pow_(2).mean(0)  # 3x faster than torch.var_mean over dim 0 on CPU
+            batch_var = (batch - batch_mean).pow_(2).mean(0)  # faster than torch.var_mean over dim 0 on CPU
             batch_mean, batch_var = batch_mean * scale, batch_var * scale ** 2
         if distributed():
             batch_mean, batch_var, n = all_ranks_moments(batch_mean, batch_var, n)
@@ -824,7 +824,7 @@ class ActorCritic(nn.Module):
             self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.dim))  # std 1 at the start
         self.value_head = nn.Linear(cfg.hidden_size, 1)
         self.initialize()
-        self.to(memory_format=torch.channels_last)  # conv weights only: oneDNN's fast layout, ~1.6x on CPU
+        self.to(memory_format=torch.channels_last)  # conv weights only: oneDNN's fast layout on CPU
 
     def initialize(self):
         """Orthogonal weights with gain 1 and zero biases everywhere, heads included.
@@ -840,9 +840,9 @@ class ActorCritic(nn.Module):
     def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Observations -> float32 features [N, hidden_size].
 
-        With --encoder_dtype bfloat16 the convs and the FC run under autocast: on CPUs with
-        AVX512-BF16 the encoder's forward+backward takes ~45% less time, and the weights, their
-        gradients and everything after the encoder stay float32 (mixed precision, no loss scaling).
+        With --encoder_dtype bfloat16 the convs and the FC run under autocast, much cheaper where
+        the hardware computes bfloat16 natively, and the weights, their gradients and everything
+        after the encoder stay float32 (mixed precision, no loss scaling).
         """
         features = []
         device_type = next(iter(obs.values())).device.type
@@ -865,8 +865,7 @@ class ActorCritic(nn.Module):
 
     def keep_encoder_in_compute_dtype(self) -> "ActorCritic":
         """Policy workers only (they never train): hold the encoder's weights in bfloat16 when it
-        computes in bfloat16, so autocast does not convert them again at every forward pass
-        (doom_basic on this CPU: 0.49 -> 0.44 ms a sample at batch 8, 0.35 -> 0.34 at 16)."""
+        computes in bfloat16, so autocast does not convert them again at every forward pass."""
         if self.encoder_dtype != torch.float32:
             self.encoders.to(self.encoder_dtype)
             self.fc.to(self.encoder_dtype)
@@ -892,7 +891,7 @@ class ActorCritic(nn.Module):
     def core_inputs(self, features: torch.Tensor) -> torch.Tensor:
         """The input half of the RNN's gates, W_ih x + b_ih. It does not depend on the state, so
         the learner computes it for a whole rollout in one matrix multiply instead of one small
-        one per step (the GRU's forward+backward takes ~30% less time on CPU)."""
+        one per step."""
         if self.rnn_type == "none":
             return features
         return F.linear(features, self.core.weight_ih, self.core.bias_ih)
@@ -1395,9 +1394,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     # Each actor fills one slot, and each learner's next batch waits in slots of its own while the
     # learner trains (Learner.batcher copies it out only when the learner asks). No more: slots to
     # spare would let rollout workers run ahead of a slow learner, and every batch they fill ahead
-    # adds a policy version of lag (with twice the actors plus two batches of slots, as before,
-    # doom_basic at 2x8 envs trained 5-7 versions behind; Sample Factory also stops collecting
-    # when two batches wait).
+    # adds a policy version of lag (Sample Factory also stops collecting when two batches wait).
     num_slots = num_actors + slots_per_batch * cfg.num_policies
     if cfg.serial_mode:  # no learner frees slots while a worker steps: room for every actor to fill one more
         num_slots += num_actors
@@ -2031,9 +2028,8 @@ class Learner:
         It copies a batch out only when the learner asks for one: while the learner trains, the
         next batch's slots stay taken, and with the slot budget of create_shared the rollout
         workers then wait for free slots instead of running ahead. So the learner trains on data
-        acted by the weights of one or two versions ago, however slow it is (when it copied ahead
-        and held a batch while blocked, doom_basic at 2x8 envs trained 5-7 versions behind). The
-        price is the copy, a few milliseconds a batch, on the learner's critical path.
+        acted by the weights of one or two versions ago, however slow it is. The price is the
+        copy, a few milliseconds a batch, on the learner's critical path.
         """
         learner_queue = self.shared.learner_queues[self.policy_id]
         pending = []

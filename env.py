@@ -100,9 +100,8 @@ def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None 
 FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
     # every single-player scenario (the Doom matches take DOOM_MATCH_DEFAULTS instead)
     "doom_": {
-        # Our measurement, not Sample Factory's 1024 (cfg.py): batches of 512, twice the SGD steps per
-        # frame, scored higher at 2 x 8 envs on 5 of the learning suite's 6 Doom envs, 3 seeds each, and
-        # level on the sixth, which neither batch learns (README, the Doom family's defaults)
+        # our measurement, not Sample Factory's 1024 (cfg.py): batches of 512, twice the SGD steps per
+        # frame (README, "What the Doom family's defaults do")
         "batch_size": 512,
         "with_vtrace": False,  # cfg.py: GAE with lambda 0.95
         "normalize_input": True, "ppo_clip_value": 0.2,  # doom_params.py
@@ -113,13 +112,12 @@ FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
         "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
         # linear_decay to 0 at the budget: CleanRL's ppo_atari.py (anneal_lr) and Stable-Baselines3's
         # zoo (lin_2.5e-4), the schedule atari_params.py means to match. Sample Factory's own reaches 0
-        # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). Measured here, its
-        # horizon made no difference beyond the seeds' spread (README, the Atari learning-rate horizon)
+        # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). README, "The Atari
+        # learning-rate horizon", compares the two
         "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
-        # collect a batch, then train on it (falls back to asynchronous where batches do not fit);
-        # measured against asynchronous at 3M frames, 2 seeds: breakout 30.6 vs 28.8, space_invaders
-        # 436.7 vs 436.5 (README, the Atari learning table)
+        # collect a batch, then train on it (falls back to asynchronous where batches do not fit), as
+        # atari_params.py does; README's Atari learning table compares it with asynchronous
         "async_rl": False,
     },
     "dmlab_": {"encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
