@@ -138,19 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     general.add_argument("--wandb_tags", nargs="*", default=[], help="W&B tags")
 
     env_group = parser.add_argument_group("env")
-    env_group.add_argument("--env_kwargs", default=None,
-                           help='gym:<id> envs: keyword arguments for gymnasium.make, as JSON, e.g. \'{"continuous": true}\'')
     env_group.add_argument("--env_frameskip", type=int, default=None,
                            help="frames per agent step (default: the env's own, e.g. 4 for Doom)")
-    env_group.add_argument("--doom_game_variables", action="store_true",
-                           help="Doom: add the scenario's game variables to the observation")
-    env_group.add_argument("--doom_scenarios_dir", default=None,
-                           help="Doom: load scenario .cfg/.wad files from this folder")
-    env_group.add_argument("--doom_match_minutes", type=float, default=None,
-                           help="Doom duel and deathmatch envs: minutes of game time per match "
-                                "(default: the env's, 3 for duels and 4 for deathmatches)")
-    env_group.add_argument("--dmlab_level_cache_dir", default=None,
-                           help="DMLab: folder for the compiled-level cache")
+    envs.add_flags(env_group)  # each env family's own flags (env.py declares and checks them)
 
     model = parser.add_argument_group("model")
     model.add_argument("--hidden_size", type=int, default=512,
@@ -333,10 +323,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return cfg
 
 
+# The sizes derived from the flags, each computed here and nowhere else.
+
+def trajectories_per_batch(cfg) -> int:
+    """A batch is whole trajectories of --rollout steps, one per slot (config_errors checks that
+    --rollout divides --batch_size)."""
+    return cfg.batch_size // cfg.rollout
+
+
 def samples_per_rollout_of_every_env(cfg, num_agents: int) -> int:
     """What one rollout of every env of this rank gives: --no-async_rl collects whole multiples of it
     between two batches."""
     return cfg.num_workers * cfg.num_envs_per_worker * num_agents * cfg.rollout
+
+
+def rollouts_per_batch(cfg, num_agents: int) -> int:
+    """--no-async_rl: the rollouts each actor collects towards one batch."""
+    return max(1, cfg.batch_size // samples_per_rollout_of_every_env(cfg, num_agents))
 
 
 def fall_back_to_async_rl_unless_batches_fit(cfg):
@@ -378,6 +381,7 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     env_problem = envs.env_error(cfg.env, cfg)
     if env_problem:
         errors.append(env_problem)
+    errors += envs.flag_errors(cfg)
     for flag in ["max_num_episodes", "video_frames", "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
                  "policy_workers_per_policy", "remap_policies_every", "rollout", "batch_size", "num_epochs",
                  "num_batches_per_epoch", "hidden_size", "max_policy_lag",
@@ -395,22 +399,11 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
             errors.append(f"--{flag} must be 0 or more, got {getattr(cfg, flag)}")
     if any(width <= 0 for width in cfg.encoder_mlp_layers):
         errors.append(f"--encoder_mlp_layers must be positive widths, got {' '.join(map(str, cfg.encoder_mlp_layers))}")
-    if cfg.env_kwargs is not None:
-        try:
-            if not isinstance(json.loads(cfg.env_kwargs), dict):
-                raise ValueError("not an object")
-        except ValueError as error:
-            errors.append(f"--env_kwargs must be a JSON object such as '{{\"continuous\": true}}' ({error})")
     if not 0 <= cfg.gae_lambda <= 1:
         errors.append(f"--gae_lambda must be in [0, 1], got {cfg.gae_lambda}")
     for flag in ["adam_beta1", "adam_beta2"]:
         if not 0 <= getattr(cfg, flag) < 1:
             errors.append(f"--{flag} must be in [0, 1), got {getattr(cfg, flag)}")
-    if cfg.doom_scenarios_dir is not None and not os.path.isdir(cfg.doom_scenarios_dir):
-        errors.append(f"--doom_scenarios_dir {cfg.doom_scenarios_dir} is not a folder: give the folder that holds "
-                      "the scenario .cfg and .wad files")
-    if cfg.doom_match_minutes is not None and not cfg.doom_match_minutes > 0:
-        errors.append(f"--doom_match_minutes must be positive, got {cfg.doom_match_minutes}")
     if not 0 < cfg.gamma <= 1:
         errors.append(f"--gamma must be in (0, 1], got {cfg.gamma}")
     if errors:
@@ -426,10 +419,10 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                       "lower --rollout or raise --batch_size")
     elif cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout}: "
-                      f"use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout or cfg.rollout}")
-    elif (cfg.batch_size // cfg.rollout) % cfg.num_batches_per_epoch:
+                      f"use e.g. --batch_size {trajectories_per_batch(cfg) * cfg.rollout or cfg.rollout}")
+    elif trajectories_per_batch(cfg) % cfg.num_batches_per_epoch:
         errors.append(f"--num_batches_per_epoch {cfg.num_batches_per_epoch} does not divide the "
-                      f"{cfg.batch_size // cfg.rollout} trajectories of a batch (--batch_size / --rollout): "
+                      f"{trajectories_per_batch(cfg)} trajectories of a batch (--batch_size / --rollout): "
                       "pick a divisor, or change --batch_size")
     if not 0 <= cfg.past_opponents_fraction <= 1:
         errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
@@ -1390,7 +1383,7 @@ def learner_owner(cfg, policy_id: int) -> int:
 
 def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     num_actors = cfg.num_workers * cfg.num_envs_per_worker * probe.num_agents
-    slots_per_batch = cfg.batch_size // cfg.rollout
+    slots_per_batch = trajectories_per_batch(cfg)
     # Each actor fills one slot, and each learner's next batch waits in slots of its own while the
     # learner trains (Learner.batcher copies it out only when the learner asks). No more: slots to
     # spare would let rollout workers run ahead of a slow learner, and every batch they fill ahead
@@ -1565,7 +1558,7 @@ class RolloutWorker:
         self.past_policy = past_policy_id(cfg)
         self.has_reward_shaping = any(name.startswith("reward/") for name in shared.hyperparams.names)
         # --no-async_rl: each actor's share of a batch, and the splits waiting for the weights trained on theirs
-        self.rollouts_per_batch = max(1, cfg.batch_size // (cfg.num_workers * len(self.actors) * cfg.rollout))
+        self.rollouts_per_batch = rollouts_per_batch(cfg, num_agents=len(self.actors) // len(self.envs))
         self.parked: list[int] = []
 
     def make_env(self, env_id: int):
@@ -2013,7 +2006,7 @@ class Learner:
             shared.weights[policy_id].publish(self.model, self.policy_version)  # act with rank 0's weights
         self.hyperparams_version, self.copy_request = -1, 0  # what PolicyHyperparams asked of it so far
         self.batches: queue.Queue = queue.Queue(maxsize=1)
-        self.slots_per_batch = cfg.batch_size // cfg.rollout
+        self.slots_per_batch = trajectories_per_batch(cfg)
         self.skipped_steps, self.nonfinite_in_a_row = 0, 0
         self.last_save = time.monotonic()
         self.batcher_stop = threading.Event()

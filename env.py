@@ -20,7 +20,9 @@ The last point is done by two wrappers: GameStatsRecorder sits innermost, below 
 that changes rewards or episode boundaries, and TrainerInterface, the outermost, hands its report
 out on the next step() (so a game that ends inside a reset() is still reported).
 
-Add your own env with register_env(name, factory).
+Each family (Doom scenarios, Doom matches, Atari, DeepMind Lab, gym:) is one Family record in
+FAMILIES: how its names look, how one is made, why it cannot be made here, its flag defaults, its
+frame rate, its agents per env, and its own flags. Add your own env with register_env(name, factory).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import gymnasium as gym
@@ -61,97 +63,87 @@ DEFAULT_GAMMA = 0.99
 # ------------------------------------------------------------------------------------------------
 
 EnvFactory = Callable[[object, int, "str | None"], gym.Env]
+# Each built-in family's flag_defaults: its frameskip and gamma, then Sample Factory 2.1.1's
+# published configuration for the family (the defaults of its sample_factory/cfg/cfg.py, with
+# sf_examples/vizdoom/doom/doom_params.py or sf_examples/atari/atari_params.py on top) wherever
+# appo.py's own defaults differ. Not tuned to any one env: scripts/bench_learning.py measures them
+# across the family, and a change needs its table.
+Problem = "tuple[type[Exception], str] | None"  # why an env cannot be made here: (exception type, one line)
 
-_REGISTERED_ENVS: dict[str, EnvFactory] = {}
+
+@dataclass(frozen=True)
+class Family:
+    """One env family, everything appo.py asks of an env name answered in one record: how its names
+    look, how one is made, why it cannot be made here, the flag defaults it trains with, its game's
+    frame rate, its agents per env, and the flags it adds to appo.py with their checks.
+
+    FAMILIES holds the built-in ones (each defined in its section below); register_env puts a
+    family of one exact name in front of them."""
+
+    matches: Callable[[str], bool]
+    make: Callable[[str, object, int, "str | None"], gym.Env]  # (name, cfg, env_index, render_mode)
+    known: tuple[str, ...]  # its names, or their pattern, for the unknown-env message
+    problem: Callable[[str, object], Problem] = lambda name, cfg: None  # cfg may be None: flags not parsed yet
+    flag_defaults: dict = field(default_factory=dict)  # appo.py's flag defaults for it; {}: appo.py's own
+    game_fps: Callable[[str], float] = lambda name: 60.0
+    num_agents: Callable[[str], "int | None"] = lambda name: 1  # None: known only once one is made
+    add_flags: Callable[[object], None] = lambda group: None  # declares its flags in appo.py's env group
+    flag_errors: Callable[[object], list] = lambda cfg: []  # checks them, before anything starts
+    registered: bool = False
 
 
-def register_env(name: str, factory: EnvFactory) -> None:
+FAMILIES: list[Family] = []  # the built-in families, filled in at the end of this file
+
+
+def register_env(name: str, factory: EnvFactory, *, flag_defaults: dict | None = None,
+                 problem: Callable[[object], "str | None"] | None = None, num_agents: int | None = None,
+                 game_fps: float = 60.0) -> None:
     """Make `create_env(name, ...)` call `factory(cfg, env_index, render_mode)`.
 
-    Registered names win over the built-in doom_/atari_/dmlab_ families.
+    Registered names win over the built-in families. `flag_defaults` are appo.py flag defaults for
+    this env (without them appo.py's own apply); `problem(cfg)`, asked with the parsed flags, returns
+    a one-line reason why the env cannot be made here (naming the fix), or None; `num_agents`, if
+    given, lets appo.py check flags against it before making one; `game_fps` sets the speed of
+    evaluation videos.
     """
-    _REGISTERED_ENVS[name] = factory
+    FAMILIES[:] = [family for family in FAMILIES if family.known != (name,) or not family.registered]
+    FAMILIES.insert(0, Family(
+        matches=lambda env_name: env_name == name,
+        make=lambda env_name, cfg, env_index, render_mode: factory(cfg, env_index, render_mode),
+        known=(name,),
+        problem=lambda env_name, cfg: _registered_problem(problem, cfg),
+        flag_defaults=dict(flag_defaults or {}),
+        game_fps=lambda env_name: game_fps,
+        num_agents=lambda env_name: num_agents,
+        registered=True,
+    ))
+
+
+def _registered_problem(problem: Callable[[object], "str | None"] | None, cfg) -> Problem:
+    """A registered env's own check, asked once there are flags to check."""
+    line = None if problem is None or cfg is None else problem(cfg)
+    return None if line is None else (ValueError, line)
+
+
+def family_of(name: str) -> Family | None:
+    return next((family for family in FAMILIES if family.matches(name)), None)
 
 
 def create_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> gym.Env:
     """Build env `name` for the env with global index `env_index` among all envs of the run."""
-    if name in _REGISTERED_ENVS:
-        return _REGISTERED_ENVS[name](cfg, env_index, render_mode)
-
     problem = _env_problem(name, cfg)
     if problem is not None:
         exception_type, message = problem
         raise exception_type(message)
-
-    if name.startswith("doom_"):
-        return make_doom_env(name, cfg, env_index, render_mode)
-    if name.startswith("atari_"):
-        return make_atari_env(name, cfg, env_index, render_mode)
-    if _is_gym_name(name):
-        return make_gym_env(name, cfg, env_index, render_mode)
-    return make_dmlab_env(name, cfg, env_index, render_mode)
-
-
-# One set of training defaults per env family, on top of its frameskip and gamma: Sample Factory
-# 2.1.1's published family configurations (the defaults of its sample_factory/cfg/cfg.py, with
-# sf_examples/vizdoom/doom/doom_params.py or sf_examples/atari/atari_params.py on top) wherever
-# appo.py's own defaults differ. Not tuned to any one env: scripts/bench_learning.py measures them
-# across the family, and a change needs its table.
-FAMILY_FLAG_OVERRIDES: dict[str, dict] = {
-    # every single-player scenario (the Doom matches take DOOM_MATCH_DEFAULTS instead)
-    "doom_": {
-        # our measurement, not Sample Factory's 1024 (cfg.py): batches of 512, twice the SGD steps per
-        # frame (README, "What the Doom family's defaults do")
-        "batch_size": 512,
-        "with_vtrace": False,  # cfg.py: GAE with lambda 0.95
-        "normalize_input": True, "ppo_clip_value": 0.2,  # doom_params.py
-        "exploration_loss": "symmetric_kl", "exploration_loss_coeff": 0.001,  # doom_params.py
-    },
-    "atari_": {  # atari_params.py, chosen there to match CleanRL's and Stable-Baselines3's PPO
-        "rnn_type": "none", "encoder": "convnet_atari",  # the frame stack is the memory
-        "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
-        # linear_decay to 0 at the budget: CleanRL's ppo_atari.py (anneal_lr) and Stable-Baselines3's
-        # zoo (lin_2.5e-4), the schedule atari_params.py means to match. Sample Factory's own reaches 0
-        # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). README, "The Atari
-        # learning-rate horizon", compares the two
-        "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
-        "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
-        # collect a batch, then train on it (falls back to asynchronous where batches do not fit), as
-        # atari_params.py does; README's Atari learning table compares it with asynchronous
-        "async_rl": False,
-    },
-    "dmlab_": {"encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
-    # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for
-    # every gym: env (its policy is a Gaussian on a Box, categoricals otherwise). Not taken: its KL
-    # penalty (kl_loss_coeff 0.1); appo.py has none.
-    "gym:": {
-        "env_frameskip": 1, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "hidden_size": 64,
-        "rnn_type": "none", "rollout": 64, "batch_size": 1024, "num_epochs": 2, "num_batches_per_epoch": 4,
-        "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3, "exploration_loss_coeff": 0.0,
-        "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5, "normalize_input": True,
-        "async_rl": False,
-    },
-}
-# Per-env overrides on top of the family's: only where Sample Factory itself sets one for that env,
-# with a comment naming where. It sets none for the built-in single-player envs.
-ENV_FLAG_OVERRIDES: dict[str, dict] = {}
+    return family_of(name).make(name, cfg, env_index, render_mode)
 
 
 def env_defaults(name: str) -> dict:
-    """Per-env defaults for appo.py flags (env_frameskip, gamma, FAMILY_FLAG_OVERRIDES and
-    ENV_FLAG_OVERRIDES); {} for unknown names.
-
-    Registered envs get {} too: appo.py's own defaults apply to them.
-    """
-    if name in _REGISTERED_ENVS:
-        return {}
+    """Per-env defaults for appo.py flags (its family's flag_defaults); {} for unknown names."""
     problem = _env_problem(name)
     if problem is not None and problem[0] is ValueError:  # an unknown name, not a missing package
         return {}
-    if name in DOOM_MATCHES:
-        return dict(DOOM_MATCH_DEFAULTS)
-    family = next((overrides for prefix, overrides in FAMILY_FLAG_OVERRIDES.items() if name.startswith(prefix)), {})
-    return {"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA, **family, **ENV_FLAG_OVERRIDES.get(name, {})}
+    return dict(family_of(name).flag_defaults)
 
 
 def env_error(name: str, cfg=None) -> str | None:
@@ -164,20 +156,26 @@ def env_error(name: str, cfg=None) -> str | None:
 
 
 def num_agents_of(name: str) -> int | None:
-    """Learning agents per env of `name`, known without making one; None for a registered env."""
-    if name in _REGISTERED_ENVS:
-        return None
-    return DOOM_MATCHES[name].num_agents if name in DOOM_MATCHES else 1
+    """Learning agents per env of `name`, known without making one; None where only an env knows."""
+    family = family_of(name)
+    return 1 if family is None else family.num_agents(name)
 
 
 def game_fps(name: str) -> float:
     """Frames per second of the game itself (videos play at game speed: this / frameskip)."""
-    if name.startswith("doom_"):
-        return 35.0  # Doom's tic rate
-    if _is_gym_name(name):  # the env class's own, where it says (MuJoCo's set theirs per instance)
-        creator = gym.envs.registration.load_env_creator(gym.registry[name[len("gym:"):]].entry_point)
-        return float(getattr(creator, "metadata", {}).get("render_fps") or 30.0)
-    return 60.0  # Atari and DeepMind Lab
+    family = family_of(name)
+    return 60.0 if family is None else family.game_fps(name)
+
+
+def add_flags(group) -> None:
+    """Every family's own flags, declared in appo.py's "env" argument group."""
+    for family in FAMILIES:
+        family.add_flags(group)
+
+
+def flag_errors(cfg) -> list[str]:
+    """Every family's checks of its own flags (whichever --env runs: a wrong value is wrong anyway)."""
+    return [error for family in FAMILIES for error in family.flag_errors(cfg)]
 
 
 def shared_memory_of(pids: list[int]) -> list[str]:
@@ -207,28 +205,12 @@ def get_num_agents(env: gym.Env) -> int:
     return int(num_agents)
 
 
-def _env_problem(name: str, cfg=None) -> tuple[type[Exception], str] | None:
+def _env_problem(name: str, cfg=None) -> Problem:
     """(exception type, one-line message) describing why `name` cannot be created, or None."""
-    if name in _REGISTERED_ENVS:
-        return None
-    if name in DOOM_SCENARIOS or name in DOOM_MATCHES:
-        missing = _missing_packages(name, [("vizdoom", "vizdoom"), ("cv2", "opencv-python-headless")])
-        if missing or name in DOOM_MATCHES:
-            return missing
-        return _missing_scenario_files(name, DOOM_SCENARIOS[name], getattr(cfg, "doom_scenarios_dir", None))
-    if _is_atari_name(name):
-        missing = _missing_packages(name, [("ale_py", "ale-py"), ("cv2", "opencv-python-headless")])
-        return missing or _unknown_atari_game(name)
-    if _is_dmlab_name(name):
-        if not _module_available("deepmind_lab"):
-            return ImportError, _dmlab_install_line(name)
-        return None
-    if _is_gym_name(name):
-        if getattr(cfg, "env_frameskip", None) not in (None, 1):
-            return ValueError, (f"--env_frameskip {cfg.env_frameskip} with --env {name}: gym: envs take one step per "
-                                "action; register a frame-skipping wrapper of your env as an id of its own instead")
-        return _unknown_gym_id(name)
-    return ValueError, _unknown_env_line(name)
+    family = family_of(name)
+    if family is None:
+        return ValueError, _unknown_env_line(name)
+    return family.problem(name, cfg)
 
 
 def _module_available(module_name: str) -> bool:
@@ -244,9 +226,10 @@ def _missing_packages(env_name: str, modules_and_packages) -> tuple[type[Excepti
 
 
 def _unknown_env_line(name: str) -> str:
-    known = sorted([*DOOM_SCENARIOS, *DOOM_MATCHES]) + ["atari_<game> (any ALE game)", "dmlab_<level>", "dmlab_30",
-                                                       "gym:<id> (any registered Gymnasium env)"]
-    known += sorted(_REGISTERED_ENVS)
+    builtin = [family for family in FAMILIES if not family.registered]
+    known = sorted(known for family in builtin if "<" not in family.known[0] for known in family.known)
+    known += [known for family in builtin if "<" in family.known[0] for known in family.known]
+    known += sorted(family.known[0] for family in FAMILIES if family.registered)
     return f"unknown env {name!r} (--env): known envs are {', '.join(known)}"
 
 
@@ -578,8 +561,6 @@ DOOM_SCENARIOS: dict[str, DoomScenario] = {
 
 
 def make_doom_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> gym.Env:
-    if name in DOOM_MATCHES:
-        return make_doom_match_env(name, cfg, env_index, render_mode)
     scenario = DOOM_SCENARIOS[name]
     cfg_path = _doom_scenario_file(scenario.cfg_file, getattr(cfg, "doom_scenarios_dir", None))
     env = DoomEnv(
@@ -628,6 +609,45 @@ def _missing_scenario_files(name: str, scenario: DoomScenario, scenarios_dir: st
                 f"put {' and '.join(needed)} there"
             )
     return None
+
+
+def add_doom_flags(group) -> None:
+    group.add_argument("--doom_game_variables", action="store_true",
+                       help="Doom: add the scenario's game variables to the observation")
+    group.add_argument("--doom_scenarios_dir", default=None,
+                       help="Doom: load scenario .cfg/.wad files from this folder")
+
+
+def doom_flag_errors(cfg) -> list[str]:
+    if cfg.doom_scenarios_dir is not None and not os.path.isdir(cfg.doom_scenarios_dir):
+        return [f"--doom_scenarios_dir {cfg.doom_scenarios_dir} is not a folder: give the folder that holds "
+                "the scenario .cfg and .wad files"]
+    return []
+
+
+def _doom_problem(name: str, cfg=None) -> Problem:
+    missing = _missing_packages(name, [("vizdoom", "vizdoom"), ("cv2", "opencv-python-headless")])
+    return missing or _missing_scenario_files(name, DOOM_SCENARIOS[name], getattr(cfg, "doom_scenarios_dir", None))
+
+
+DOOM = Family(  # every single-player scenario (the matches are a family of their own)
+    matches=lambda name: name in DOOM_SCENARIOS,
+    make=make_doom_env,
+    known=tuple(DOOM_SCENARIOS),
+    problem=_doom_problem,
+    flag_defaults={
+        "env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
+        # our measurement, not Sample Factory's 1024 (cfg.py): batches of 512, twice the SGD steps per
+        # frame (README, "What the Doom family's defaults do")
+        "batch_size": 512,
+        "with_vtrace": False,  # cfg.py: GAE with lambda 0.95
+        "normalize_input": True, "ppo_clip_value": 0.2,  # doom_params.py
+        "exploration_loss": "symmetric_kl", "exploration_loss_coeff": 0.001,  # doom_params.py
+    },
+    game_fps=lambda name: 35.0,  # Doom's tic rate
+    add_flags=add_doom_flags,
+    flag_errors=doom_flag_errors,
+)
 
 
 class DoomEnv(gym.Env):
@@ -984,6 +1004,31 @@ def make_doom_match_env(name: str, cfg=None, env_index: int = 0, render_mode: st
         seed=_run_seed(cfg, env_index),
         render_mode=render_mode,
     )
+
+
+def add_doom_match_flags(group) -> None:
+    group.add_argument("--doom_match_minutes", type=float, default=None,
+                       help="Doom duel and deathmatch envs: minutes of game time per match "
+                            "(default: the env's, 3 for duels and 4 for deathmatches)")
+
+
+def doom_match_flag_errors(cfg) -> list[str]:
+    if cfg.doom_match_minutes is not None and not cfg.doom_match_minutes > 0:
+        return [f"--doom_match_minutes must be positive, got {cfg.doom_match_minutes}"]
+    return []
+
+
+DOOM_MATCH = Family(
+    matches=lambda name: name in DOOM_MATCHES,
+    make=make_doom_match_env,
+    known=tuple(DOOM_MATCHES),
+    problem=lambda name, cfg=None: _missing_packages(name, [("vizdoom", "vizdoom"), ("cv2", "opencv-python-headless")]),
+    flag_defaults=dict(DOOM_MATCH_DEFAULTS),  # no single-player family's defaults: the paper's match settings
+    game_fps=lambda name: 35.0,
+    num_agents=lambda name: DOOM_MATCHES[name].num_agents,
+    add_flags=add_doom_match_flags,
+    flag_errors=doom_match_flag_errors,
+)
 
 
 class _PlayerThread:
@@ -1463,6 +1508,29 @@ def make_atari_env(name: str, cfg=None, env_index: int = 0, render_mode: str | N
     return TrainerInterface(env, stats, seed=_run_seed(cfg, env_index))
 
 
+ATARI = Family(
+    matches=_is_atari_name,
+    make=make_atari_env,
+    known=("atari_<game> (any ALE game)",),
+    problem=lambda name, cfg=None: (_missing_packages(name, [("ale_py", "ale-py"), ("cv2", "opencv-python-headless")])
+                                    or _unknown_atari_game(name)),
+    flag_defaults={  # atari_params.py, chosen there to match CleanRL's and Stable-Baselines3's PPO
+        "env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
+        "rnn_type": "none", "encoder": "convnet_atari",  # the frame stack is the memory
+        "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
+        # linear_decay to 0 at the budget: CleanRL's ppo_atari.py (anneal_lr) and Stable-Baselines3's
+        # zoo (lin_2.5e-4), the schedule atari_params.py means to match. Sample Factory's own reaches 0
+        # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). README, "The Atari
+        # learning-rate horizon", compares the two
+        "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
+        "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
+        # collect a batch, then train on it (falls back to asynchronous where batches do not fit), as
+        # atari_params.py does; README's Atari learning table compares it with asynchronous
+        "async_rl": False,
+    },
+)
+
+
 class NoopReset(gym.Wrapper):
     """Starts each game with 1..max_noops no-op frames, so that games do not all start alike."""
 
@@ -1707,6 +1775,21 @@ def make_dmlab_env(name: str, cfg=None, env_index: int = 0, render_mode: str | N
     return TrainerInterface(stats, stats, seed=_run_seed(cfg, env_index))
 
 
+def add_dmlab_flags(group) -> None:
+    group.add_argument("--dmlab_level_cache_dir", default=None, help="DMLab: folder for the compiled-level cache")
+
+
+DMLAB = Family(
+    matches=_is_dmlab_name,
+    make=make_dmlab_env,
+    known=("dmlab_<level>", "dmlab_30"),
+    problem=lambda name, cfg=None: None if _module_available("deepmind_lab") else (ImportError, _dmlab_install_line(name)),
+    flag_defaults={"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
+                   "encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
+    add_flags=add_dmlab_flags,
+)
+
+
 class LevelCache:
     """DMLab level cache over a directory: compiled levels (.pk3) are built once and shared.
 
@@ -1801,9 +1884,9 @@ class DmLabEnv(gym.Env):
 # ------------------------------------------------------------------------------------------------
 # Any Gymnasium env by id: gym:<id>
 # ------------------------------------------------------------------------------------------------
-# The smallest family, and the one to copy when adding your own: a name test, a problem check for
-# env_error, a factory, and the two wrappers every family shares (GameStatsRecorder innermost,
-# TrainerInterface outermost). Its training defaults are FAMILY_FLAG_OVERRIDES["gym:"].
+# The smallest family, and the one to copy when adding your own: a name test, a problem check, a
+# factory with the two wrappers every family shares (GameStatsRecorder innermost, TrainerInterface
+# outermost), and its record in FAMILIES with its defaults and flags.
 
 def _is_gym_name(name: str) -> bool:
     return name.startswith("gym:") and len(name) > len("gym:")
@@ -1827,6 +1910,55 @@ def make_gym_env(name: str, cfg=None, env_index: int = 0, render_mode: str | Non
     env = GymObservations(gym.make(name[len("gym:"):], **kwargs))
     stats = env = GameStatsRecorder(env, frames_per_step=1)  # one frame per step: no frameskip here
     return TrainerInterface(env, stats, seed=_run_seed(cfg, env_index))
+
+
+def _gym_problem(name: str, cfg=None) -> Problem:
+    if getattr(cfg, "env_frameskip", None) not in (None, 1):
+        return ValueError, (f"--env_frameskip {cfg.env_frameskip} with --env {name}: gym: envs take one step per "
+                            "action; register a frame-skipping wrapper of your env as an id of its own instead")
+    return _unknown_gym_id(name)
+
+
+def _gym_game_fps(name: str) -> float:
+    """The env class's own, where it says (MuJoCo's set theirs per instance)."""
+    creator = gym.envs.registration.load_env_creator(gym.registry[name[len("gym:"):]].entry_point)
+    return float(getattr(creator, "metadata", {}).get("render_fps") or 30.0)
+
+
+def add_gym_flags(group) -> None:
+    group.add_argument("--env_kwargs", default=None,
+                       help='gym:<id> envs: keyword arguments for gymnasium.make, as JSON, e.g. \'{"continuous": true}\'')
+
+
+def gym_flag_errors(cfg) -> list[str]:
+    if cfg.env_kwargs is not None:
+        try:
+            if not isinstance(json.loads(cfg.env_kwargs), dict):
+                raise ValueError("not an object")
+        except ValueError as error:
+            return [f"--env_kwargs must be a JSON object such as '{{\"continuous\": true}}' ({error})"]
+    return []
+
+
+GYM = Family(
+    matches=_is_gym_name,
+    make=make_gym_env,
+    known=("gym:<id> (any registered Gymnasium env)",),
+    problem=_gym_problem,
+    # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for
+    # every gym: env (its policy is a Gaussian on a Box, categoricals otherwise). Not taken: its KL
+    # penalty (kl_loss_coeff 0.1); appo.py has none.
+    flag_defaults={
+        "env_frameskip": 1, "gamma": DEFAULT_GAMMA, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh",
+        "hidden_size": 64, "rnn_type": "none", "rollout": 64, "batch_size": 1024, "num_epochs": 2,
+        "num_batches_per_epoch": 4, "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3,
+        "exploration_loss_coeff": 0.0, "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5,
+        "normalize_input": True, "async_rl": False,
+    },
+    game_fps=_gym_game_fps,
+    add_flags=add_gym_flags,
+    flag_errors=gym_flag_errors,
+)
 
 
 class GymObservations(gym.ObservationWrapper):
@@ -1866,3 +1998,11 @@ def _trainer_space(space: spaces.Box) -> spaces.Box:
         return spaces.Box(0, 255, (channels, height, width), np.uint8)
     return spaces.Box(space.low.reshape(-1).astype(np.float32), space.high.reshape(-1).astype(np.float32),
                       dtype=np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# The registry: every built-in family, in the order names are matched (register_env puts a
+# forker's envs in front)
+# ------------------------------------------------------------------------------------------------
+
+FAMILIES += [DOOM, DOOM_MATCH, ATARI, DMLAB, GYM]

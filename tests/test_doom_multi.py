@@ -489,7 +489,7 @@ def test_match_names_and_defaults():
         assert env_error(name) is None
         assert env_defaults(name) == {"env_frameskip": 2, "gamma": 0.995}
     # Battle is single-player: the Doom family's defaults, like every other scenario
-    assert env_defaults("doom_battle") == {"env_frameskip": 4, "gamma": 0.99, **envs.FAMILY_FLAG_OVERRIDES["doom_"]}
+    assert env_defaults("doom_battle") == {"env_frameskip": 4, "gamma": 0.99, **envs.DOOM.flag_defaults}
     assert "doom_duel" in env_error("doom_nope") and "doom_battle2" in env_error("doom_nope")
 
 

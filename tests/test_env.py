@@ -332,9 +332,9 @@ def test_env_defaults():
     # one set per family: every single-player Doom scenario alike, every Atari game alike
     doom = env_defaults("doom_basic")
     assert all(env_defaults(name) == doom for name in ("doom_health_gathering", "doom_my_way_home", "doom_take_cover"))
-    assert doom == {**expected, **envs.FAMILY_FLAG_OVERRIDES["doom_"]}
+    assert doom == {**expected, **envs.DOOM.flag_defaults}
     assert doom["batch_size"] == 512 and doom["normalize_input"] and not doom["with_vtrace"]
-    assert env_defaults("atari_pong") == env_defaults("atari_breakout") == {**expected, **envs.FAMILY_FLAG_OVERRIDES["atari_"]}
+    assert env_defaults("atari_pong") == env_defaults("atari_breakout") == {**expected, **envs.ATARI.flag_defaults}
     assert env_defaults("doom_duel") == envs.DOOM_MATCH_DEFAULTS  # the matches keep their own
     assert env_defaults("dmlab_30") == {**expected, "encoder": "resnet"}
     assert env_defaults("no_such_env") == {}
@@ -342,7 +342,7 @@ def test_env_defaults():
 
 
 def test_register_env(monkeypatch, no_deepmind_lab):
-    monkeypatch.setattr(envs, "_REGISTERED_ENVS", {})
+    monkeypatch.setattr(envs, "FAMILIES", list(envs.FAMILIES))  # registrations end with the test
     calls = []
 
     def factory(cfg, env_index, render_mode):
@@ -359,6 +359,21 @@ def test_register_env(monkeypatch, no_deepmind_lab):
     assert env_defaults("dmlab_my_level") == {}
     assert "dmlab_my_level" in env_error("nope")
     env.close()
+
+
+def test_a_registered_env_carries_its_own_defaults_and_check(monkeypatch):
+    monkeypatch.setattr(envs, "FAMILIES", list(envs.FAMILIES))
+    register_env("my_env", lambda cfg, env_index, render_mode: gym.make("CartPole-v1"),
+                 flag_defaults={"batch_size": 256, "gamma": 0.9}, num_agents=1,
+                 problem=lambda cfg: "my_env needs --seed" if getattr(cfg, "seed", None) is None else None)
+    assert env_defaults("my_env") == {"batch_size": 256, "gamma": 0.9}
+    assert envs.num_agents_of("my_env") == 1
+    assert env_error("my_env", flags(seed=None)) == "my_env needs --seed" and env_error("my_env", flags(seed=3)) is None
+    with pytest.raises(ValueError, match="needs --seed"):
+        create_env("my_env", flags(seed=None))
+    register_env("my_env", lambda cfg, env_index, render_mode: gym.make("CartPole-v1"))  # again: replaces it
+    assert env_defaults("my_env") == {} and env_error("my_env", flags(seed=None)) is None
+    assert sum(family.known == ("my_env",) for family in envs.FAMILIES) == 1
 
 
 # ------------------------------------------------------------------------------------------------
