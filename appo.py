@@ -956,7 +956,7 @@ def act(model: "ActorCritic", obs: dict[str, torch.Tensor], rnn_state: torch.Ten
 
 
 # =============================================================================================
-# ALGO LOGIC (edit here): the losses (pure functions; tests import them)
+# ALGO LOGIC (edit here): the losses (pure functions; tests import them) and the update
 # =============================================================================================
 
 def vtrace(log_rhos, discounts, rewards, values, bootstrap_value, rho_bar=1.0, c_bar=1.0):
@@ -1116,6 +1116,58 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
         "lag_min": lag.min().item(), "lag_avg": lag.float().mean().item(), "lag_max": lag.max().item(),
     }
     return loss, stats
+
+
+def scheduled_learning_rate(cfg, env_frames: int) -> float | None:
+    """--lr_schedule linear_decay: the (PBT-mutable) learning rate times the share of
+    --lr_decay_frames still to train; None for a constant rate (the optimiser keeps its own)."""
+    if cfg.lr_schedule == "constant":
+        return None
+    horizon = cfg.lr_decay_frames or cfg.train_for_env_steps
+    return cfg.learning_rate * max(0.0, 1.0 - env_frames / horizon)
+
+
+def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+               policy_version: int, cfg) -> tuple[dict, int, bool]:
+    """One training iteration on a batch [T+1, B, ...]: the input statistics (and with GAE the
+    batch's targets, see gae_targets), then --num_epochs passes over the batch, each in
+    --num_batches_per_epoch minibatches of whole trajectories (V-trace runs along a trajectory,
+    and each starts from its own saved RNN state), one optimiser step each. Every statistic
+    counts the batch once. Returns (the last step's loss stats, the optimiser steps taken, False
+    if it stopped at a non-finite loss or gradient, whose step it did not take)."""
+    model.update_normalizers({key: trajectory_major(batch[key]) for key in model.encoders})
+    trajectories = batch["done"].shape[1]
+    size = trajectories // cfg.num_batches_per_epoch
+    # contiguous ranges: views of the trajectory-major batch, no copies
+    minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
+    if not cfg.with_vtrace:
+        batch = {**batch, **gae_targets(model, batch, policy_version, cfg)}
+    stats, steps_taken = {}, 0
+    for epoch in range(cfg.num_epochs):
+        for rows in minibatches:
+            minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
+            loss, stats = appo_loss(model, minibatch, policy_version, cfg, update_statistics=epoch == 0)
+            if not optimizer_step(model, optimizer, loss, stats, cfg):
+                return stats, steps_taken, False
+            steps_taken += 1
+    return stats, steps_taken, True
+
+
+def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: torch.Tensor, stats: dict,
+                   cfg) -> bool:
+    """One clipped Adam step on `loss`; False (and no step) if the loss or gradient is not finite.
+    Under torchrun the ranks average their gradients first and skip or take the step together."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if distributed():
+        average_gradients(model)
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    stats["grad_norm"] = grad_norm.item()
+    finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
+    if not (all_ranks_agree(finite) if distributed() else finite):
+        return False
+    optimizer.step()
+    return True
 
 
 # =============================================================================================
@@ -2103,58 +2155,20 @@ class Learner:
         return stats
 
     def apply_lr_schedule(self):
-        """--lr_schedule linear_decay: the (PBT-mutable) learning rate times the share of
-        --lr_decay_frames still to train."""
-        if self.cfg.lr_schedule == "constant":
-            return
-        horizon = self.cfg.lr_decay_frames or self.cfg.train_for_env_steps
-        remaining = max(0.0, 1.0 - self.env_frames / horizon)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.learning_rate * remaining
+        learning_rate = scheduled_learning_rate(self.cfg, self.env_frames)
+        for group in self.optimizer.param_groups if learning_rate is not None else []:
+            group["lr"] = learning_rate
 
     def sgd_step(self, batch) -> dict:
-        """The input statistics (and with GAE the batch's targets, see gae_targets), then
-        --num_epochs passes over the batch, each in --num_batches_per_epoch minibatches of whole
-        trajectories (V-trace runs along a trajectory, and each starts from its own saved RNN
-        state), one optimiser step each. Every statistic counts the batch once. Returns the last
-        step's loss stats."""
-        self.model.update_normalizers({key: trajectory_major(batch[key]) for key in self.model.encoders})
-        trajectories = batch["done"].shape[1]
-        size = trajectories // self.cfg.num_batches_per_epoch
-        # contiguous ranges: views of the trajectory-major batch, no copies
-        minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
-        if not self.cfg.with_vtrace:
-            batch = {**batch, **gae_targets(self.model, batch, self.policy_version, self.cfg)}
-        stats = {}
-        for epoch in range(self.cfg.num_epochs):
-            for rows in minibatches:
-                minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
-                loss, stats = appo_loss(self.model, minibatch, self.policy_version, self.cfg,
-                                        update_statistics=epoch == 0)
-                if not self.optimizer_step(loss, stats):
-                    return self.sgd_stats(stats)
-        return self.sgd_stats(stats)
-
-    def sgd_stats(self, loss_stats: dict) -> dict:
-        """The last step's loss stats, the non-finite steps skipped so far, and the learning rate
-        the steps took (with --lr_schedule linear_decay it falls; TensorBoard shows it)."""
-        return {**loss_stats, "skipped_steps": self.skipped_steps, "learning_rate": self.optimizer.param_groups[0]["lr"]}
-
-    def optimizer_step(self, loss: torch.Tensor, stats: dict) -> bool:
-        """One clipped Adam step on `loss`; False (and no step) if the loss or gradient is not finite."""
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if distributed():
-            average_gradients(self.model)
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
-        stats["grad_norm"] = grad_norm.item()
-        finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
-        if not (all_ranks_agree(finite) if distributed() else finite):
+        """sgd_update on the batch, counting the steps it skipped as non-finite; returns the last
+        step's loss stats, the skipped steps so far, and the learning rate the steps took (with
+        --lr_schedule linear_decay it falls; TensorBoard shows it)."""
+        stats, steps_taken, finite = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg)
+        if steps_taken:
+            self.nonfinite_in_a_row = 0
+        if not finite:
             self.skip_nonfinite_step(stats)
-            return False
-        self.nonfinite_in_a_row = 0
-        self.optimizer.step()
-        return True
+        return {**stats, "skipped_steps": self.skipped_steps, "learning_rate": self.optimizer.param_groups[0]["lr"]}
 
     def skip_nonfinite_step(self, stats: dict):
         """A NaN or Inf loss or gradient: leave the weights as they are; stop after too many in a row."""

@@ -219,7 +219,7 @@ def trained_learner(cfg) -> appo.Learner:
     torch.manual_seed(5)
     obs = random_obs(8, seed=4, device=learner.device)
     logits, values, _ = learner.model(obs, torch.zeros(8, appo.rnn_state_size(cfg), device=learner.device))
-    learner.optimizer_step(logits.square().mean() + values.square().mean(), {})
+    appo.optimizer_step(learner.model, learner.optimizer, logits.square().mean() + values.square().mean(), {}, cfg)
     learner.policy_version, learner.env_frames = 3, 1234
     return learner
 
@@ -237,7 +237,8 @@ def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_pa
     assert moments and all(m.device.type == loaded_on for m in moments)  # Adam's state followed the weights
     obs = random_obs(8, seed=6, device=resumed.device)
     logits, values, _ = resumed.model(obs, torch.zeros(8, appo.rnn_state_size(resumed.cfg), device=resumed.device))
-    assert resumed.optimizer_step(logits.square().mean() + values.square().mean(), {})  # a step on the new device
+    loss = logits.square().mean() + values.square().mean()
+    assert appo.optimizer_step(resumed.model, resumed.optimizer, loss, {}, resumed.cfg)  # a step on the new device
 
 
 def test_evaluation_on_the_gpu_plays_a_checkpoint_trained_on_the_cpu(tmp_path, capsys):
