@@ -1029,11 +1029,31 @@ def exploration_loss(logits, action_dist, mask, cfg) -> tuple[torch.Tensor, torc
     return masked_mean(action_dist.symmetric_kl_to_uniform(logits), mask).clamp(max=30.0), entropy
 
 
-def loss_mask(batch: dict[str, torch.Tensor], policy_version: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+# The T+1 shift, done once: a trajectory of a batch is T+1 steps long, and its last index holds
+# only what bootstraps it (the observation after step T-1 and the RNN state there); the fields of
+# the T steps that train are these, each [T, B, ...] once split off.
+STEP_FIELDS = ("actions", "log_prob", "value", "reward", "done", "policy_version", "valid")
+
+
+def steps_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: batch[key][:-1] for key in STEP_FIELDS}
+
+
+def loss_mask(steps: dict[str, torch.Tensor], policy_version: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """(mask, lag), [T, B]: a step counts in the loss when it is valid and its weights are at most
     --max_policy_lag versions older than the learner's."""
-    lag = policy_version - batch["policy_version"][:-1]
-    return ((lag <= cfg.max_policy_lag) & (batch["valid"][:-1] > 0)).float(), lag
+    lag = policy_version - steps["policy_version"]
+    return ((lag <= cfg.max_policy_lag) & (steps["valid"] > 0)).float(), lag
+
+
+def normalized_targets(model: ActorCritic, targets: torch.Tensor, mask: torch.Tensor, update_statistics: bool):
+    """--normalize_returns: value targets in the value head's units; the first time a target is
+    seen it also updates the running return statistics (so each counts once)."""
+    if not model.normalize_returns:
+        return targets
+    if update_statistics:
+        model.returns_normalizer.update(targets[mask > 0])
+    return model.returns_normalizer(targets)
 
 
 def gae_targets(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg
@@ -1044,21 +1064,31 @@ def gae_targets(model: ActorCritic, batch: dict[str, torch.Tensor], policy_versi
 
     GAE runs over the values that acted. Step T holds only the bootstrap observation, which no
     policy worker evaluates (it becomes step 0 of the actor's next slot), so V(x_T) comes from the
-    weights about to train on the batch, with the RNN state that acting left there. With
-    --normalize_returns the whole batch's targets update the running return statistics, then
-    are normalised; advantages stay in return units (appo_loss normalises them per minibatch).
+    weights about to train on the batch, with the RNN state that acting left there. Advantages
+    stay in return units (appo_loss normalises them per minibatch).
     """
+    steps = steps_of(batch)
     with torch.no_grad():
         _, bootstrap, _ = model({key: batch[key][-1] for key in model.encoders}, batch["rnn_state"][-1])
-        dones = batch["done"][:-1]
-        behaviour_returns = model.values_to_returns(batch["value"][:-1])
-        targets, advantages = gae(batch["reward"][:-1], behaviour_returns, cfg.gamma * (1.0 - dones),
+        behaviour_returns = model.values_to_returns(steps["value"])
+        targets, advantages = gae(steps["reward"], behaviour_returns, cfg.gamma * (1.0 - steps["done"]),
                                   model.values_to_returns(bootstrap), cfg.gae_lambda)
-        if model.normalize_returns:
-            mask, _ = loss_mask(batch, policy_version, cfg)
-            model.returns_normalizer.update(targets[mask > 0])
-            targets = model.returns_normalizer(targets)
+        mask, _ = loss_mask(steps, policy_version, cfg)
+        targets = normalized_targets(model, targets, mask, update_statistics=True)
     return {"target": targets, "advantage": advantages}
+
+
+def vtrace_targets(model: ActorCritic, steps: dict[str, torch.Tensor], values: torch.Tensor,
+                   bootstrap_value: torch.Tensor, log_rhos: torch.Tensor, mask: torch.Tensor, cfg,
+                   update_statistics: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """--with_vtrace: (value targets, advantages), [T, B], on the learner's own values of this
+    minibatch, computed in return units."""
+    returns, bootstrap_return = model.values_to_returns(values), model.values_to_returns(bootstrap_value)
+    discounts, rewards = cfg.gamma * (1.0 - steps["done"]), steps["reward"]
+    vs, _ = vtrace(log_rhos, discounts, rewards, returns, bootstrap_return, cfg.vtrace_rho, cfg.vtrace_c)
+    next_vs = torch.cat([vs[1:], bootstrap_return.unsqueeze(0)])
+    advantages = rewards + discounts * next_vs - returns
+    return normalized_targets(model, vs, mask, update_statistics), advantages
 
 
 def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
@@ -1068,35 +1098,24 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     V-trace targets are computed here, per minibatch, on the learner's own values (step T holds
     only the bootstrap observation, see gae_targets); with GAE the batch carries the targets and
     advantages that gae_targets computed for it ("target", "advantage", [T, B]). Returns (loss,
-    stats dict of floats). With --normalize_returns, V-trace targets are computed in return units;
-    with `update_statistics` they also update the running return statistics first (the learner
-    asks for it in the first epoch only, so each target is counted once).
+    stats dict of floats). With `update_statistics` V-trace's targets also update the running
+    return statistics (the learner asks for it in the first epoch only, so each target is counted once).
     """
     if not cfg.with_vtrace and "target" not in batch:
         raise KeyError("appo_loss with GAE (--no-with_vtrace) trains on the batch's 'target' and 'advantage': "
                        "add them first with batch.update(gae_targets(model, batch, policy_version, cfg))")
     action_dist = model.action_dist
-    obs = {key: batch[key] for key in model.encoders}
-    dones = batch["done"]
-    logits, values = model.forward_rollout(obs, batch["rnn_state"][0], dones)
-    actions = batch["actions"][:-1]
-    log_probs = action_dist.log_prob(logits[:-1], actions)
-    behaviour_log_probs = batch["log_prob"][:-1]
-    mask, lag = loss_mask(batch, policy_version, cfg)
-    rewards, discounts = batch["reward"][:-1], cfg.gamma * (1.0 - dones[:-1])
+    logits, values = model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
+                                           batch["done"])
+    steps, bootstrap_value, logits, values = steps_of(batch), values[-1], logits[:-1], values[:-1]
+    log_probs = action_dist.log_prob(logits, steps["actions"])
+    behaviour_log_probs = steps["log_prob"]
+    mask, lag = loss_mask(steps, policy_version, cfg)
 
     with torch.no_grad():
         if cfg.with_vtrace:
-            returns = model.values_to_returns(values)
-            vs, _ = vtrace(log_probs - behaviour_log_probs, discounts, rewards, returns[:-1], returns[-1],
-                           cfg.vtrace_rho, cfg.vtrace_c)
-            next_vs = torch.cat([vs[1:], returns[-1:]])
-            advantages = rewards + discounts * next_vs - returns[:-1]
-            targets = vs
-            if model.normalize_returns:
-                if update_statistics:
-                    model.returns_normalizer.update(targets[mask > 0])
-                targets = model.returns_normalizer(targets)
+            targets, advantages = vtrace_targets(model, steps, values, bootstrap_value, log_probs - behaviour_log_probs,
+                                                 mask, cfg, update_statistics)
         else:
             targets, advantages = batch["target"], batch["advantage"]
         if cfg.normalize_advantage:
@@ -1105,14 +1124,14 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
             advantages = (advantages - mean) / (std + 1e-8)
 
     policy_loss = ppo_policy_loss(log_probs, behaviour_log_probs, advantages, cfg.ppo_clip_ratio, mask)
-    critic_loss = value_loss(values[:-1], batch["value"][:-1], targets, cfg.ppo_clip_value, mask)
-    exploration, entropy = exploration_loss(logits[:-1], action_dist, mask, cfg)
+    critic_loss = value_loss(values, steps["value"], targets, cfg.ppo_clip_value, mask)
+    exploration, entropy = exploration_loss(logits, action_dist, mask, cfg)
     loss = policy_loss + cfg.value_loss_coeff * critic_loss + cfg.exploration_loss_coeff * exploration
     stats = {
         "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": critic_loss.item(),
         "entropy": entropy.item(), "valid_fraction": mask.mean().item(),
         "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask).item(),
-        "value_mean": masked_mean(model.values_to_returns(values[:-1].detach()), mask).item(),
+        "value_mean": masked_mean(model.values_to_returns(values.detach()), mask).item(),
         "lag_min": lag.min().item(), "lag_avg": lag.float().mean().item(), "lag_max": lag.max().item(),
     }
     return loss, stats
