@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import queue
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -74,6 +75,36 @@ class FlagParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n{HELP_HINT}\n")
 
 
+class Switch(argparse.Action):
+    """A boolean flag: --name sets it and --no-name clears it, and --name=True / --name=False
+    say the same (how Sample Factory's launcher and W&B sweeps pass booleans)."""
+
+    WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+    def __init__(self, option_strings, dest, default=False, help=None, **kwargs):
+        names = [name for option in option_strings for name in (option, "--no-" + option[2:])]
+        super().__init__(names, dest, nargs="?", default=default, help=help, metavar="BOOL", **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if option_string.startswith("--no-"):
+            if value is not None:
+                parser.error(f"{option_string} takes no value: use --{option_string[5:]}={value} instead")
+            setattr(namespace, self.dest, False)
+        elif value is None:
+            setattr(namespace, self.dest, True)
+        elif value.lower() in self.WORDS:
+            setattr(namespace, self.dest, self.WORDS[value.lower()])
+        else:
+            parser.error(f"{option_string}={value}: a switch takes True or False (or nothing: on)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _format_action_invocation(self, action):
+        if isinstance(action, Switch):  # not "--name [NAME], --no-name [NAME]"
+            return " / ".join(action.option_strings) + " (or =True / =False)"
+        return super()._format_action_invocation(action)
+
+
 def join_negative_values(argv: list[str]) -> list[str]:
     """`--flag -1e-4` -> `--flag=-1e-4`: argparse reads a token that starts with '-' and is not a
     plain integer or decimal as a flag, so scientific notation and some negative numbers were
@@ -107,8 +138,9 @@ def integer(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = FlagParser(
         description="Asynchronous PPO with V-trace (Sample Factory's APPO) on one machine.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
+    parser.register("action", "switch", Switch)  # for env.py's family flags too
     general = parser.add_argument_group("general")
     general.add_argument("--mode", choices=["train", "eval"], default="train",
                          help="train, or eval: play a saved policy, print its scores, optionally record a video")
@@ -119,7 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="experiment name; results go to train_dir/experiment (default: the env name, "
                               "with ':' and '/' as '_')")
     general.add_argument("--train_dir", default="train_dir", help="folder that holds all experiments")
-    general.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    general.add_argument("--restart_behavior", choices=["resume", "restart", "overwrite"], default="resume",
+                         help="when the experiment's folder exists: resume its training; restart from scratch, "
+                              "the old folder moved whole to EXPERIMENT_old0001 (then 0002, ...); or overwrite "
+                              "it (deleted, then from scratch). Sample Factory's flag and meanings")
+    general.add_argument("--seed", type=int, default=None,
+                         help="random seed (default: drawn at random; a run prints it and config.json keeps it)")
     general.add_argument("--train_for_env_steps", type=integer, default=10_000_000_000,
                          help="stop after this many env frames (frameskip included)")
     general.add_argument("--train_for_seconds", type=float, default=1e10,
@@ -130,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="how many recent checkpoints to keep per policy")
     general.add_argument("--report_every_sec", type=float, default=5.0,
                          help="seconds between status lines and TensorBoard summaries")
-    general.add_argument("--with_wandb", action="store_true",
+    general.add_argument("--with_wandb", action="switch",
                          help="also send the summaries and the config to Weights & Biases (pip install wandb; "
                               "WANDB_MODE=offline works without an account)")
     general.add_argument("--wandb_project", default="appo", help="W&B project")
@@ -158,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--nonlinearity", choices=["auto", "elu", "relu", "tanh"], default="auto",
                        help="activation of the vector MLP and the FC after the encoders; auto: the --encoder's "
                             "(ELU for convnet_simple, ReLU for convnet_atari and resnet)")
-    model.add_argument("--normalize_input", action=argparse.BooleanOptionalAction, default=False,
+    model.add_argument("--normalize_input", action="switch", default=False,
                        help="normalise each observation element by its running mean and std")
     # auto rather than float32: on this project's learning bench bfloat16 showed no score cost at equal
     # frames on doom_basic and atari_space_invaders, and it trains faster (README, "bfloat16 or float32")
@@ -178,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "batch_size / this samples, computes its targets with the weights of the moment and "
                            "makes one optimiser step; the batch's slots (batch_size / rollout) must divide evenly")
     algo.add_argument("--gamma", type=float, default=0.99, help="discount factor (default: the env's)")
-    algo.add_argument("--with_vtrace", action=argparse.BooleanOptionalAction, default=True,
+    algo.add_argument("--with_vtrace", action="switch", default=True,
                       help="V-trace value targets and advantages; --no-with_vtrace uses GAE")
     algo.add_argument("--vtrace_rho", type=float, default=1.0, help="V-trace rho_bar")
     algo.add_argument("--vtrace_c", type=float, default=1.0, help="V-trace c_bar")
@@ -195,14 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
                            "probability goes to 0, so no head can collapse (Sample Factory's Doom default)")
     algo.add_argument("--exploration_loss_coeff", type=float, default=0.003,
                       help="weight of the exploration term")
-    algo.add_argument("--normalize_advantage", action=argparse.BooleanOptionalAction, default=True,
+    algo.add_argument("--normalize_advantage", action="switch", default=True,
                       help="normalise advantages to zero mean, unit std per minibatch (as Sample Factory)")
-    algo.add_argument("--normalize_returns", action=argparse.BooleanOptionalAction, default=True,
+    algo.add_argument("--normalize_returns", action="switch", default=True,
                       help="the value head predicts returns scaled by their running mean and std, "
                            "so the critic sees unit-scale targets whatever the reward scale")
     algo.add_argument("--max_policy_lag", type=int, default=100,
                       help="drop transitions made by a policy more than this many versions (batches) old")
-    algo.add_argument("--async_rl", action=argparse.BooleanOptionalAction, default=True,
+    algo.add_argument("--async_rl", action="switch", default=True,
                       help="rollout workers collect the next batch while the learner trains on this one, so "
                            "it is acted by weights a version or two old; --no-async_rl takes turns (Sample "
                            "Factory's synchronous mode, the Atari and gym: families' default): each env collects "
@@ -255,11 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "giving up (their first batches can take a while)")
     system.add_argument("--max_restarts", type=int, default=10,
                         help="worker restarts allowed within 10 minutes; one more stops the run")
-    system.add_argument("--serial_mode", action="store_true",
+    system.add_argument("--serial_mode", action="switch",
                         help="for debugging: rollout workers, policy workers and learners run in this one process, "
                              "in turn, with in-process queues (no child processes), so a debugger stops in any of "
                              "them (python -m pdb appo.py --serial_mode ...), and with --seed two runs train alike")
-    system.add_argument("--set_workers_cpu_affinity", action=argparse.BooleanOptionalAction, default=False,
+    system.add_argument("--set_workers_cpu_affinity", action="switch", default=False,
                         help="pin each rollout worker to one core (round robin) and lower its priority, so "
                              "that learners and policy workers, which everyone waits on, run first")
 
@@ -269,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "version of the population instead of a learning policy, drawn at every remap")
     pbt.add_argument("--past_opponent_refresh_sec", type=float, default=120.0,
                      help="seconds between draws of the past version: a random saved checkpoint of a random policy")
-    pbt.add_argument("--with_pbt", action="store_true",
+    pbt.add_argument("--with_pbt", action="switch",
                      help="rank the policies by their true objective every --pbt_period_env_steps; mutate "
                           "the hyperparameters of the weaker ones and replace the weakest with copies of the best")
     pbt.add_argument("--pbt_period_env_steps", type=integer, default=5_000_000,
@@ -288,9 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="checkpoint file to play (default: the experiment's latest of --policy_index)")
     evaluation.add_argument("--policy_index", type=int, default=0, help="which policy of the experiment to play")
     evaluation.add_argument("--max_num_episodes", type=int, default=10, help="games to play")
-    evaluation.add_argument("--eval_deterministic", action="store_true",
+    evaluation.add_argument("--eval_deterministic", action="switch",
                             help="take the most likely action instead of sampling")
-    evaluation.add_argument("--save_video", action="store_true",
+    evaluation.add_argument("--save_video", action="switch",
                             help="write an MP4 of the agent's view at the game's resolution, with the score")
     evaluation.add_argument("--video_frames", type=int, default=10**9, help="stop the video after this many frames")
     evaluation.add_argument("--video_path", default=None,
@@ -302,7 +339,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parses flags; the env's own defaults (frameskip, gamma, ...) apply unless given."""
     parser = build_parser()
     argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
-    known, _ = parser.parse_known_args(argv)
+    # --env first, without --help: so that `--env atari_breakout --help` shows the Atari family's defaults
+    env_only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    env_only.add_argument("--env", default=parser.get_default("env"))
+    known, _ = env_only.parse_known_args(argv)
     parser.set_defaults(**envs.env_defaults(known.env))
     cfg = parser.parse_args(argv)
     if not cfg.async_rl and not any(arg.split("=")[0] in ("--async_rl", "--no-async_rl") for arg in argv):
@@ -529,9 +569,25 @@ def flag_errors(cfg) -> list[str]:
     errors = config_errors(cfg)
     if errors or cfg.mode != "train":
         return errors
-    errors = saved_config_errors(cfg)
+    errors = saved_config_errors(cfg) if cfg.restart_behavior == "resume" else []  # else nothing is kept
     folder_error = None if errors else experiment_dir_error(cfg)
     return errors + ([folder_error] if folder_error else [])
+
+
+def start_afresh(cfg) -> str | None:
+    """--restart_behavior restart or overwrite: moves the experiment's folder aside or deletes it,
+    if it holds anything; returns what it did, for the run's output."""
+    path = experiment_dir(cfg)
+    if cfg.restart_behavior == "resume" or cfg.rank != 0 or not os.path.isdir(path) or not os.listdir(path):
+        return None
+    if cfg.restart_behavior == "overwrite":
+        shutil.rmtree(path)
+        return f"deleted {path} (--restart_behavior overwrite); training from scratch"
+    attempt = 1
+    while os.path.exists(f"{path}_old{attempt:04d}"):
+        attempt += 1
+    os.rename(path, f"{path}_old{attempt:04d}")
+    return f"moved {path} to {path}_old{attempt:04d} (--restart_behavior restart); training from scratch"
 
 
 def print_errors(errors: list[str], most: int = 3):
@@ -2667,13 +2723,14 @@ def save_config(cfg):
     os.replace(path + ".tmp", path)
 
 
-def start_line(cfg) -> str:
+def start_line(cfg, seed_drawn: bool = False) -> str:
     """A run's first line: what runs where, how to follow it, how to stop and resume it."""
     folder = experiment_dir(cfg)
     ranks = f" (rank {cfg.rank} of {cfg.world_size})" if cfg.world_size > 1 else ""
     processes = "in one process (--serial_mode)" if cfg.serial_mode else f"with {num_processes(cfg)} processes"
+    seed = f"seed {cfg.seed}" + (f" (drawn: --seed {cfg.seed} repeats it)" if seed_drawn else "")
     return (f"training {cfg.env} on {cfg.device} {processes}{ranks} in {folder}; "
-            f"follow it with tensorboard --logdir {folder}; Ctrl-C saves and stops, the same command resumes")
+            f"follow it with tensorboard --logdir {folder}; {seed}; Ctrl-C saves and stops, the same command resumes")
 
 
 class StopRequested(Exception):
@@ -2686,8 +2743,11 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun"], None] | None 
     processes from there and checks that the run recovers)."""
     if cfg.serial_mode:  # before any weights are drawn: the thread count can change their last bits
         torch.set_num_threads(cfg.learner_threads)
-    torch.manual_seed(cfg.seed if cfg.seed is not None else random.randrange(2**31))
-    print(start_line(cfg), flush=True)
+    seed_drawn = cfg.seed is None
+    if seed_drawn:  # drawn here, printed and saved in config.json: every run can be repeated
+        cfg.seed = random.randrange(2**31)
+    torch.manual_seed(cfg.seed)
+    print(start_line(cfg, seed_drawn), flush=True)
     try:
         probe = probe_env(cfg)
     except Exception as error:  # the env itself is broken: no worker would do better
@@ -3159,6 +3219,10 @@ def main(argv: list[str] | None = None) -> int:
     if errors:
         print_errors(errors)
         return 2
+    if cfg.mode == "train":
+        done = start_afresh(cfg)
+        if done:
+            print(done, flush=True)
     try:
         return evaluate(cfg) if cfg.mode == "eval" else train(cfg)
     except CheckpointError as error:

@@ -88,6 +88,7 @@ class Family:
     game_fps: Callable[[str], float] = lambda name: 60.0
     num_agents: Callable[[str], "int | None"] = lambda name: 1  # None: known only once one is made
     add_flags: Callable[[object], None] = lambda group: None  # declares its flags in appo.py's env group
+    # (a boolean flag there takes action="switch": --name, --no-name, --name=True/False)
     flag_errors: Callable[[object], list] = lambda cfg: []  # checks them, before anything starts
     registered: bool = False
 
@@ -612,7 +613,7 @@ def _missing_scenario_files(name: str, scenario: DoomScenario, scenarios_dir: st
 
 
 def add_doom_flags(group) -> None:
-    group.add_argument("--doom_game_variables", action="store_true",
+    group.add_argument("--doom_game_variables", action="switch",
                        help="Doom: add the scenario's game variables to the observation")
     group.add_argument("--doom_scenarios_dir", default=None,
                        help="Doom: load scenario .cfg/.wad files from this folder")

@@ -1,6 +1,7 @@
 """First contact: what a user sees on the command line. Bad flags end in a short error that names
 the flag, before anything starts; a run's terminal shows the trainer's own lines only."""
 import glob
+import json
 import os
 import re
 import subprocess
@@ -120,12 +121,23 @@ def test_a_doom_duel_run_shows_only_the_trainers_lines_and_logs_the_engines(tmp_
     lines = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 0, "\n".join(lines[-20:])
     assert re.match(rf"training doom_duel on cpu with \d+ processes in {tmp_path / 'duel'}; follow it with", lines[0])
+    seed = int(re.search(r"; seed (\d+) \(drawn: --seed \1 repeats it\);", lines[0]).group(1))  # no --seed given
+    assert json.loads((tmp_path / "duel" / "config.json").read_text())["seed"] == seed
     assert [line for line in lines if not TRAINER_LINE.match(line)] == []
     assert sum(line.startswith("[") for line in lines) >= 2
     # the engines' chatter went to the experiment's logs instead (ViZDoom's multiplayer handshake)
     engine_output = "".join(open(path).read() for path in glob.glob(str(tmp_path / "duel" / "engine_logs" / "*.log")))
     assert "player" in engine_output.lower(), engine_output[:500]
     assert processes_still_tagged(tag) == []
+
+
+@pytest.mark.parametrize("env_name, learning_rate", [("atari_breakout", "0.00025"), ("doom_basic", "0.0001")])
+def test_help_with_an_env_shows_its_familys_defaults(env_name, learning_rate, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        appo.parse_args(["--env", env_name, "--help"])
+    assert exit_info.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert re.search(rf"--learning_rate LEARNING_RATE .*?\(default: {learning_rate}\)", help_text)
 
 
 def test_an_env_that_fails_to_start_names_its_engine_log(tmp_path, capsys):
@@ -140,3 +152,52 @@ def test_an_env_that_fails_to_start_names_its_engine_log(tmp_path, capsys):
 def test_the_default_experiment_of_a_gym_id_is_one_plain_folder():
     assert appo.parse_args(["--env", "gym:MyFork/Reach-v0"]).experiment == "gym_MyFork_Reach-v0"
     assert appo.parse_args(["--env", "doom_basic"]).experiment == "doom_basic"
+
+
+def small_serial_run(train_dir, *flags) -> list[str]:
+    return ["--serial_mode", "--env", "doom_basic", "--num_workers", "1", "--num_envs_per_worker", "2",
+            "--rollout", "16", "--batch_size", "64", "--hidden_size", "32", "--train_for_env_steps", "1000",
+            "--train_dir", str(train_dir), "--experiment", "e", *flags]
+
+
+def test_restart_behavior_resumes_by_default_restart_moves_the_old_folder_aside_and_overwrite_deletes_it(
+        tmp_path, capsys):
+    assert appo.main(small_serial_run(tmp_path)) == 0
+    assert appo.main(small_serial_run(tmp_path)) == 0  # the default resumes
+    assert "resumed from policy version" in capsys.readouterr().out
+    first = sorted(os.listdir(tmp_path / "e" / "checkpoint_p0"))
+    first_config = (tmp_path / "e" / "config.json").read_text()
+
+    assert appo.main(small_serial_run(tmp_path, "--restart_behavior", "restart")) == 0
+    out = capsys.readouterr().out
+    assert f"moved {tmp_path / 'e'} to {tmp_path / 'e_old0001'}" in out and "resumed" not in out
+    old = tmp_path / "e_old0001"
+    assert set(first) <= set(os.listdir(old / "checkpoint_p0"))  # the old run whole, under another name
+    assert (old / "config.json").read_text() == first_config
+    assert (tmp_path / "e" / "config.json").exists()  # and a new one in the experiment's name
+
+    # a restart or an overwrite keeps nothing, so flags that a resume would refuse are fine
+    conflicting = small_serial_run(tmp_path, "--hidden_size", "16", "--restart_behavior", "restart")
+    assert "conflicts with" in " ".join(appo.flag_errors(appo.parse_args(conflicting[:-2])))
+    assert appo.main(conflicting) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "e_old0001", "e_old0002"]
+
+    assert appo.main(small_serial_run(tmp_path, "--restart_behavior", "overwrite")) == 0
+    assert f"deleted {tmp_path / 'e'}" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "e_old0001", "e_old0002"]
+    assert json.loads((tmp_path / "e" / "config.json").read_text())["hidden_size"] == 32  # not the 16 run's
+
+
+@pytest.mark.parametrize("flags, expected", [([], True), (["--async_rl"], True), (["--no-async_rl"], False),
+                                             (["--async_rl=False"], False), (["--async_rl=True"], True),
+                                             (["--async_rl", "false"], False)])
+def test_a_switch_takes_sample_factorys_true_false_spelling_too(flags, expected):
+    assert appo.parse_args(["--env", "doom_basic", *flags]).async_rl is expected
+
+
+@pytest.mark.parametrize("flag, message", [("--async_rl=maybe", "--async_rl=maybe: a switch takes True or False"),
+                                           ("--no-async_rl=True", "--no-async_rl takes no value")])
+def test_a_switch_given_a_word_it_does_not_know_is_a_short_error(flag, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        appo.parse_args(["--env", "doom_basic", flag])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
