@@ -17,7 +17,9 @@ MACHINE_DEPENDENT_DEFAULTS = {"num_workers": "CPU count", "learner_threads": "ha
 
 
 def flag_tables() -> str:
-    lines = ["Every flag, with its default (`python appo.py --help` prints the same):", ""]
+    lines = ["Every flag, with its default (`python appo.py --help` prints the same; `python appo.py --env",
+             "atari_breakout --help` prints that env family's defaults). A switch is on with `--name`, off with",
+             "`--no-name`, and also takes `--name=True` / `--name=False`, as Sample Factory's launcher passes it.", ""]
     for group in appo.build_parser()._action_groups:
         actions = [action for action in group._group_actions if action.dest != "help"]
         if not actions:
