@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""Does the code here train exactly as an older commit did? For refactors that must not change
+what is learned: a seeded --serial_mode run (every process in one, so the steps are repeatable)
+at each commit, and the SHA-256 of the final checkpoint's weights and Adam state compared.
+
+    python scripts/same_training.py 1835f39                       # six configurations
+    python scripts/same_training.py 1835f39 --flags "--env doom_basic --with_vtrace"
+
+The older commit is checked out into a temporary git worktree (deleted afterwards), with the C++
+module built there unless csrc/ is the same at both commits (then this checkout's is copied).
+Prints one line a configuration, SAME or DIFFERENT, and exits 1 if any differs.
+"""
+import argparse
+import glob
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = [
+    "--env doom_basic",  # GAE, the Doom family's defaults
+    "--env doom_basic --with_vtrace --normalize_returns",
+    "--env doom_basic --num_epochs 2 --num_batches_per_epoch 2 --lr_schedule linear_decay",
+    "--env doom_basic --with_vtrace --normalize_returns --num_epochs 2 --num_batches_per_epoch 2",
+    "--env doom_basic --normalize_returns --max_policy_lag 1",
+    "--env gym:CartPole-v1",  # synchronous, 2 epochs x 4 minibatches, no RNN
+]
+COMMON = ["--serial_mode", "--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "128",
+          "--hidden_size", "64", "--seed", "1", "--train_for_env_steps", "20000", "--experiment", "same"]
+CHECKSUM = """
+import glob, hashlib, sys, torch
+path = sorted(glob.glob(sys.argv[1] + "/same/checkpoint_p0/*.pth"))[-1]
+state = torch.load(path, map_location="cpu", weights_only=True)
+digest = hashlib.sha256()
+for key, value in state["model"].items():
+    digest.update(key.encode()); digest.update(value.numpy().tobytes())
+for _, moments in sorted(state["optimizer"]["state"].items()):
+    for name in sorted(moments):
+        digest.update(moments[name].numpy().tobytes())
+print(state["policy_version"], digest.hexdigest())
+"""
+
+
+def train_and_hash(repo: str, flags: list[str]) -> str:
+    with tempfile.TemporaryDirectory() as train_dir:
+        env = dict(os.environ, PYTHONPATH=repo)
+        run = subprocess.run([sys.executable, "appo.py", *COMMON, *flags, "--train_dir", train_dir], cwd=repo,
+                             env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            return f"failed: {(run.stdout + run.stderr).strip().splitlines()[-1:]}"
+        return subprocess.run([sys.executable, "-c", CHECKSUM, train_dir], cwd=repo, env=env, capture_output=True,
+                              text=True).stdout.strip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("commit", help="the older commit")
+    parser.add_argument("--flags", action="append", help="one configuration's flags (repeatable); default: six")
+    args = parser.parse_args()
+    configs = args.flags or CONFIGS
+    old = tempfile.mkdtemp(prefix="same_training_")
+    subprocess.run(["git", "worktree", "add", "--detach", old, args.commit], cwd=REPO, check=True, capture_output=True)
+    try:
+        same_csrc = subprocess.run(["git", "diff", "--quiet", args.commit, "--", "csrc"], cwd=REPO).returncode == 0
+        modules = glob.glob(os.path.join(REPO, "appo_ipc*.so"))
+        if same_csrc and modules:
+            shutil.copy(modules[0], old)
+        else:
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=old, check=True)
+        different = 0
+        for config in configs:
+            before, after = train_and_hash(old, shlex.split(config)), train_and_hash(REPO, shlex.split(config))
+            same = before == after and not before.startswith("failed")
+            different += not same
+            print(f"{'SAME' if same else 'DIFFERENT'} | {config} | {args.commit}: {before} | here: {after}", flush=True)
+        return 1 if different else 0
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", old], cwd=REPO, capture_output=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
