@@ -63,14 +63,14 @@ DEFAULT_GAMMA = 0.99
 # ------------------------------------------------------------------------------------------------
 
 EnvFactory = Callable[[object, int, "str | None"], gym.Env]
+Problem = "tuple[type[Exception], str] | None"  # why an env cannot be made here: (exception type, one line)
+
+
 # Each built-in family's flag_defaults: its frameskip and gamma, then Sample Factory 2.1.1's
 # published configuration for the family (the defaults of its sample_factory/cfg/cfg.py, with
 # sf_examples/vizdoom/doom/doom_params.py or sf_examples/atari/atari_params.py on top) wherever
 # appo.py's own defaults differ. Not tuned to any one env: scripts/bench_learning.py measures them
 # across the family, and a change needs its table.
-Problem = "tuple[type[Exception], str] | None"  # why an env cannot be made here: (exception type, one line)
-
-
 @dataclass(frozen=True)
 class Family:
     """One env family, everything appo.py asks of an env name answered in one record: how its names
@@ -1058,6 +1058,136 @@ class _PlayerThread:
                 self._results.put((tag, error, None))
 
 
+class _DoomNetGame:
+    """The players of one Doom match: one vizdoom process each, and with several a network game
+    over UDP on this machine (port reserved by _reserve_match_port). A network game runs a tic only
+    once every player sent its input for it, so each VizDoom call that runs tics (init,
+    new_episode, advance_action) blocks until the other players make theirs: every player's calls
+    run on a thread of its own (VizDoom releases the GIL while it runs or waits) and
+    on_every_player returns when all have answered. A player that fails or hangs
+    (DOOM_MATCH_TIMEOUT_S) fails the whole game: its processes are killed and the call raises."""
+
+    def __init__(self, num_players: int, make_game: Callable[[int, "int | None"], object], name: str):
+        self.name = name  # for messages: the map
+        self.port, self._port_token = _reserve_match_port() if num_players > 1 else (None, None)
+        self.games = []
+        self._threads: list[_PlayerThread] = []
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._calls = 0  # tags results, so that an answer to an abandoned call is never taken for a newer one
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._shared_memory: list[str] = []
+        try:
+            self.games = [make_game(player, self.port) for player in range(num_players)]
+            if num_players > 1:
+                self._threads = [_PlayerThread(f"doom-player-{player}", self._results) for player in range(num_players)]
+            self.on_every_player(lambda player, _: self.games[player].init(), [None] * num_players,
+                                 timeout_s=DOOM_CONNECT_TIMEOUT_S + DOOM_MATCH_TIMEOUT_S)
+            if num_players > 1:
+                self._shared_memory = shared_memory_of(self._player_processes())
+        except BaseException:
+            self.close()
+            raise
+
+    def on_every_player(self, function, per_player_args: list, timeout_s: float | None = None) -> list:
+        """[function(player, arg) for each player], all players at once; raises if any fails or hangs.
+
+        A failed match stays failed: appo.py closes it and makes a new one.
+        """
+        if self._failure is not None:
+            raise RuntimeError(f"this Doom match failed earlier ({self._failure!r}); close it and create a new env")
+        if self._closed:
+            raise RuntimeError("this Doom match is closed")
+        if not self._threads:  # a single player blocks on nobody
+            return [function(0, per_player_args[0])]
+        if timeout_s is None:
+            timeout_s = DOOM_MATCH_TIMEOUT_S
+        self._calls += 1
+        for player, thread in enumerate(self._threads):
+            thread.submit((self._calls, player), function, player, per_player_args[player])
+        results, answered = [None] * len(self.games), [False] * len(self.games)
+        deadline = time.monotonic() + timeout_s
+        while not all(answered):
+            try:
+                tag, error, value = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                late = [player for player, done in enumerate(answered) if not done]
+                tag, value = (self._calls, late[0]), None
+                error = TimeoutError(f"Doom players {late} did not answer within {timeout_s:g} s")
+            if tag is None or tag[0] != self._calls:
+                continue  # the end of close(), or the late answer of a call abandoned earlier
+            if error is not None:
+                self._fail(error, player=tag[1])
+            results[tag[1]] = value
+            answered[tag[1]] = True
+        return results
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        if self._threads:
+            for thread, game in zip(self._threads, self.games):
+                thread.submit(None, game.close)
+                thread.stop()
+            if not self._threads_finished(within_s=10.0):
+                self._kill_players()  # a player stuck in VizDoom returns once its process is gone
+                self._threads_finished(within_s=10.0)
+        else:
+            for game in self.games:
+                game.close()
+        self.games, self._threads = [], []
+        for path in self._shared_memory:  # VizDoom's own close removes these unless a process died badly
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        if self._port_token is not None:
+            self._port_token.close()
+            self._port_token = None
+
+    def _fail(self, error: BaseException, player: int | None = None):
+        """Marks the game failed, ends its processes (the other players would wait for the failed
+        one forever) and raises."""
+        self._failure = error
+        self._kill_players()
+        who = "" if player is None else f"agent {player} of "
+        raise RuntimeError(f"{who}a Doom match on {self.name} failed: {error!r}") from error
+
+    def _player_processes(self) -> list[int]:
+        """The vizdoom processes of this game: children of this process hosting or joining its port."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    args = f.read().decode(errors="replace").split("\0")
+            except (OSError, ValueError, IndexError):
+                continue  # exited meanwhile
+            if parent == os.getpid() and "+viz_instance_id" in args and "-port" in args[:-1]:
+                if args[args.index("-port") + 1] == str(self.port):
+                    found.append(int(entry))
+        return found
+
+    def _kill_players(self) -> None:
+        if self.port is None:
+            return
+        for pid in self._player_processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _threads_finished(self, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        for thread in self._threads:
+            thread.thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.thread.is_alive() for thread in self._threads)
+
+
 class DoomMatchEnv(gym.Env):
     """One Doom deathmatch (DoomMatch): its agents, its bots, and the shaped reward of each agent.
 
@@ -1069,14 +1199,11 @@ class DoomMatchEnv(gym.Env):
     frags), true_length (frames) and true_objective (frags against bots; in self-play 1.0 for more
     frags than every other agent, else 0.0).
 
-    Each agent plays its own vizdoom process. A network game runs a tic only once every player sent
-    its input for it, so each VizDoom call that runs tics (init, new_episode, advance_action) blocks
-    until the other players make theirs: every player's calls run on its own thread (VizDoom
-    releases the GIL while it runs or waits), all players run the step's `frameskip` tics together
-    (in rounds of at most DOOM_NET_TICS_PER_CALL), and a step returns when all have. Dead agents
-    come back by the server's forced respawn; respawn_player() would run tics for one player alone
-    and wait forever for the others. A player that fails or hangs (DOOM_MATCH_TIMEOUT_S) fails the
-    whole match: its processes are killed and the call raises RuntimeError.
+    Each agent plays its own vizdoom process, all of them one network game (_DoomNetGame runs the
+    processes). All players run the step's `frameskip` tics together (in rounds of at most
+    DOOM_NET_TICS_PER_CALL), and a step returns when all have. Dead agents come back by the
+    server's forced respawn; respawn_player() would run tics for one player alone and wait forever
+    for the others. A player that fails or hangs fails the whole match: the call raises RuntimeError.
     """
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -1104,25 +1231,12 @@ class DoomMatchEnv(gym.Env):
         self._button_table = _doom_button_table(match.action_heads)
         self._shaping = [DoomRewardShaping() for _ in range(self.num_agents)]
         self._first_seed = seed
-
-        self._games: list = []
-        self._threads: list[_PlayerThread] = []
-        self._results: queue.SimpleQueue = queue.SimpleQueue()
-        self._calls = 0  # tags results, so that an answer to an abandoned call is never taken for a newer one
-        self._failure: BaseException | None = None
-        self._closed = False
-        self._port, self._port_token = None, None
-        self._shared_memory: list[str] = []
         self._last_obs: list = [None] * self.num_agents
         self._last_screen = None
         self._frags_at_start = [0.0] * self.num_agents
         self._frags = [0.0] * self.num_agents
         self._game_length = 0
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
+        self._net = _DoomNetGame(self.num_agents, self._new_game, match.wad_file)
 
     # -- gymnasium API -------------------------------------------------------------------------
 
@@ -1132,9 +1246,9 @@ class DoomMatchEnv(gym.Env):
         self._first_seed = None
         super().reset(seed=seed)
         doom_seed = None if seed is None else seed % 2**32  # Doom seeds are 32-bit
-        looks = self._on_every_player(self._new_episode, [doom_seed] * self.num_agents)
+        looks = self._net.on_every_player(self._new_episode, [doom_seed] * self.num_agents)
         if self.match.num_bots:
-            host = self._games[0]
+            host = self._net.games[0]
             host.send_game_command("removebots")  # bots outlive a restart of the map
             for _ in range(self.match.num_bots):
                 host.send_game_command("addbot")
@@ -1159,8 +1273,8 @@ class DoomMatchEnv(gym.Env):
             rounds += [self.frameskip % DOOM_NET_TICS_PER_CALL] if self.frameskip % DOOM_NET_TICS_PER_CALL else []
         for round_index, tics in enumerate(rounds):
             last_round = round_index == len(rounds) - 1
-            looks = self._on_every_player(functools.partial(self._step_player, tics=tics, last_round=last_round),
-                                          per_agent)
+            looks = self._net.on_every_player(functools.partial(self._step_player, tics=tics, last_round=last_round),
+                                              per_agent)
         self._game_length += self.frameskip
         match_over = any(over for _, _, over in looks)
         rewards, infos = [], []
@@ -1183,28 +1297,8 @@ class DoomMatchEnv(gym.Env):
         return self._last_screen if self.render_mode == "rgb_array" else None
 
     def close(self):
-        if self._closed:
-            return
-        self._closed = True
-        if self._threads:
-            for thread, game in zip(self._threads, self._games):
-                thread.submit(None, game.close)
-                thread.stop()
-            if not self._threads_finished(within_s=10.0):
-                self._kill_players()  # a player stuck in VizDoom returns once its process is gone
-                self._threads_finished(within_s=10.0)
-        else:
-            for game in self._games:
-                game.close()
-        self._games, self._threads = [], []
-        for path in self._shared_memory:  # VizDoom's own close removes these unless a process died badly
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        if self._port_token is not None:
-            self._port_token.close()
-            self._port_token = None
+        if getattr(self, "_net", None) is not None:
+            self._net.close()
 
     # -- for appo.py (population-based training) and evaluation ---------------------------------
 
@@ -1228,27 +1322,16 @@ class DoomMatchEnv(gym.Env):
     @property
     def port(self) -> int | None:
         """The UDP port the host listens on (None with a single agent: no network game)."""
-        return self._port
+        return self._net.port
 
     @property
     def games(self) -> list:
         """Each agent's vizdoom.DoomGame (to inspect it; calling one that runs tics would hang)."""
-        return list(self._games)
+        return list(self._net.games)
 
     # -- the players ----------------------------------------------------------------------------
 
-    def _start(self) -> None:
-        if self.num_agents > 1:
-            self._port, self._port_token = _reserve_match_port()
-        self._games = [self._new_game(agent) for agent in range(self.num_agents)]
-        if self.num_agents > 1:
-            self._threads = [_PlayerThread(f"doom-player-{agent}", self._results) for agent in range(self.num_agents)]
-        self._on_every_player(lambda agent, _: self._games[agent].init(), [None] * self.num_agents,
-                              timeout_s=DOOM_CONNECT_TIMEOUT_S + DOOM_MATCH_TIMEOUT_S)
-        if self.num_agents > 1:
-            self._shared_memory = shared_memory_of(self._player_processes())
-
-    def _new_game(self, agent: int):
+    def _new_game(self, agent: int, port: int | None):
         import vizdoom as vzd
 
         game = vzd.DoomGame()
@@ -1276,9 +1359,9 @@ class DoomMatchEnv(gym.Env):
                 "+sv_noexit 1",  # the match ends by its time limit, not at an exit switch
             ]
             if self.num_agents > 1:
-                args.append(f"-port {self._port}")
+                args.append(f"-port {port}")
         else:
-            args = [f"-join 127.0.0.1 -port {self._port}"]
+            args = [f"-join 127.0.0.1 -port {port}"]
         if self.num_agents > 1:
             args.append(f"+viz_connect_timeout {DOOM_CONNECT_TIMEOUT_S}")
         args.append(f"+name agent{agent} +colorset {agent % 8}")
@@ -1286,7 +1369,7 @@ class DoomMatchEnv(gym.Env):
         return game
 
     def _new_episode(self, agent: int, doom_seed: int | None):
-        game = self._games[agent]
+        game = self._net.games[agent]
         if doom_seed is not None:
             game.set_seed(doom_seed)  # every player the same: the network game is one simulation
         game.new_episode()
@@ -1294,7 +1377,7 @@ class DoomMatchEnv(gym.Env):
 
     def _step_player(self, agent: int, action, tics: int, last_round: bool):
         """Runs `tics` tics of one player; only the last round of a step renders and looks."""
-        game = self._games[agent]
+        game = self._net.games[agent]
         if game.is_episode_finished():  # the match ended in an earlier round of this step
             return self._look(agent) if last_round else None
         game.set_action(self.buttons_for(action))
@@ -1305,7 +1388,7 @@ class DoomMatchEnv(gym.Env):
 
     def _look(self, agent: int):
         """(observation, game variables as a dict, whether the match is over) of one player."""
-        game = self._games[agent]
+        game = self._net.games[agent]
         if game.is_episode_finished():  # no state any more; the variables can still be read
             values = [game.get_game_variable(variable) for variable in game.get_available_game_variables()]
             return self._last_obs[agent], dict(zip(DOOM_MATCH_VARIABLES, values)), True
@@ -1322,80 +1405,6 @@ class DoomMatchEnv(gym.Env):
             return self._frags[agent]
         others = [frags for other, frags in enumerate(self._frags) if other != agent]
         return 1.0 if self._frags[agent] > max(others) else 0.0
-
-    def _on_every_player(self, function, per_agent_args: list, timeout_s: float | None = None) -> list:
-        """[function(agent, arg) for each agent], all players at once; raises if any fails or hangs.
-
-        A failed match stays failed: appo.py closes it and makes a new one.
-        """
-        if self._failure is not None:
-            raise RuntimeError(f"this Doom match failed earlier ({self._failure!r}); close it and create a new env")
-        if self._closed:
-            raise RuntimeError("this Doom match is closed")
-        if not self._threads:  # a single player blocks on nobody
-            return [function(0, per_agent_args[0])]
-        if timeout_s is None:
-            timeout_s = DOOM_MATCH_TIMEOUT_S
-        self._calls += 1
-        for agent, thread in enumerate(self._threads):
-            thread.submit((self._calls, agent), function, agent, per_agent_args[agent])
-        results, answered = [None] * self.num_agents, [False] * self.num_agents
-        deadline = time.monotonic() + timeout_s
-        while not all(answered):
-            try:
-                tag, error, value = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                late = [agent for agent, done in enumerate(answered) if not done]
-                tag, value = (self._calls, late[0]), None
-                error = TimeoutError(f"Doom players {late} did not answer within {timeout_s:g} s")
-            if tag is None or tag[0] != self._calls:
-                continue  # the end of close(), or the late answer of a call abandoned earlier
-            if error is not None:
-                self._fail(error, agent=tag[1])
-            results[tag[1]] = value
-            answered[tag[1]] = True
-        return results
-
-    def _fail(self, error: BaseException, agent: int | None = None):
-        """Marks the match failed, ends its processes (the other players would wait for the failed
-        one forever) and raises."""
-        self._failure = error
-        self._kill_players()
-        who = "" if agent is None else f"agent {agent} of "
-        raise RuntimeError(f"{who}a Doom match on {self.match.wad_file} failed: {error!r}") from error
-
-    def _player_processes(self) -> list[int]:
-        """The vizdoom processes of this match: children of this process hosting or joining its port."""
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    args = f.read().decode(errors="replace").split("\0")
-            except (OSError, ValueError, IndexError):
-                continue  # exited meanwhile
-            if parent == os.getpid() and "+viz_instance_id" in args and "-port" in args[:-1]:
-                if args[args.index("-port") + 1] == str(self._port):
-                    found.append(int(entry))
-        return found
-
-    def _kill_players(self) -> None:
-        if self._port is None:
-            return
-        for pid in self._player_processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def _threads_finished(self, within_s: float) -> bool:
-        deadline = time.monotonic() + within_s
-        for thread in self._threads:
-            thread.thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(thread.thread.is_alive() for thread in self._threads)
 
 
 _MATCH_PORT_TOKEN_PREFIX = "\0appo-vizdoom-udp-port-"  # abstract Unix socket names (Linux)
@@ -1784,7 +1793,8 @@ DMLAB = Family(
     matches=_is_dmlab_name,
     make=make_dmlab_env,
     known=("dmlab_<level>", "dmlab_30"),
-    problem=lambda name, cfg=None: None if _module_available("deepmind_lab") else (ImportError, _dmlab_install_line(name)),
+    problem=lambda name, cfg=None: (None if _module_available("deepmind_lab")
+                                    else (ImportError, _dmlab_install_line(name))),
     flag_defaults={"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
                    "encoder": "resnet"},  # the IMPALA and Sample Factory papers' DMLab-30 encoder
     add_flags=add_dmlab_flags,
