@@ -345,6 +345,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     known, _ = env_only.parse_known_args(argv)
     parser.set_defaults(**envs.env_defaults(known.env))
     cfg = parser.parse_args(argv)
+    given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
+    cfg.flags_given = sorted(action.dest for action in parser._actions if given & set(action.option_strings))
     if not cfg.async_rl and not any(arg.split("=")[0] in ("--async_rl", "--no-async_rl") for arg in argv):
         fall_back_to_async_rl_unless_batches_fit(cfg)
     if cfg.device == "auto":
@@ -2733,6 +2735,25 @@ def start_line(cfg, seed_drawn: bool = False) -> str:
             f"follow it with tensorboard --logdir {folder}; {seed}; Ctrl-C saves and stops, the same command resumes")
 
 
+def family_line(cfg) -> str | None:
+    """A run's second line: the defaults its env family set, and where this run's flags differ."""
+    family, defaults = envs.family_of(cfg.env), envs.env_defaults(cfg.env)
+    if family is None or not defaults:
+        return None
+
+    def shown(value) -> str:
+        return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+    parts = []
+    for flag, value in defaults.items():
+        now = getattr(cfg, flag)
+        if flag in cfg.flags_given:
+            parts.append(f"--{flag} {shown(value)} (yours: {shown(now)})")
+        else:
+            parts.append(f"--{flag} {shown(value)}" + (f" (now {shown(now)})" if now != value else ""))
+    return f"defaults of {family.title}: " + ", ".join(parts)
+
+
 class StopRequested(Exception):
     pass
 
@@ -2748,6 +2769,8 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun"], None] | None 
         cfg.seed = random.randrange(2**31)
     torch.manual_seed(cfg.seed)
     print(start_line(cfg, seed_drawn), flush=True)
+    if family_line(cfg):
+        print(family_line(cfg), flush=True)
     try:
         probe = probe_env(cfg)
     except Exception as error:  # the env itself is broken: no worker would do better

@@ -80,6 +80,7 @@ class Family:
     FAMILIES holds the built-in ones (each defined in its section below); register_env puts a
     family of one exact name in front of them."""
 
+    title: str  # its name in messages: "the Doom family"
     matches: Callable[[str], bool]
     make: Callable[[str, object, int, "str | None"], gym.Env]  # (name, cfg, env_index, render_mode)
     known: tuple[str, ...]  # its names, or their pattern, for the unknown-env message
@@ -109,6 +110,7 @@ def register_env(name: str, factory: EnvFactory, *, flag_defaults: dict | None =
     """
     FAMILIES[:] = [family for family in FAMILIES if family.known != (name,) or not family.registered]
     FAMILIES.insert(0, Family(
+        title=f"the registered env {name}",
         matches=lambda env_name: env_name == name,
         make=lambda env_name, cfg, env_index, render_mode: factory(cfg, env_index, render_mode),
         known=(name,),
@@ -632,6 +634,7 @@ def _doom_problem(name: str, cfg=None) -> Problem:
 
 
 DOOM = Family(  # every single-player scenario (the matches are a family of their own)
+    title="the Doom family",
     matches=lambda name: name in DOOM_SCENARIOS,
     make=make_doom_env,
     known=tuple(DOOM_SCENARIOS),
@@ -1020,6 +1023,7 @@ def doom_match_flag_errors(cfg) -> list[str]:
 
 
 DOOM_MATCH = Family(
+    title="the Doom matches",
     matches=lambda name: name in DOOM_MATCHES,
     make=make_doom_match_env,
     known=tuple(DOOM_MATCHES),
@@ -1519,6 +1523,7 @@ def make_atari_env(name: str, cfg=None, env_index: int = 0, render_mode: str | N
 
 
 ATARI = Family(
+    title="the Atari family",
     matches=_is_atari_name,
     make=make_atari_env,
     known=("atari_<game> (any ALE game)",),
@@ -1790,6 +1795,7 @@ def add_dmlab_flags(group) -> None:
 
 
 DMLAB = Family(
+    title="the DeepMind Lab family",
     matches=_is_dmlab_name,
     make=make_dmlab_env,
     known=("dmlab_<level>", "dmlab_30"),
@@ -1952,6 +1958,7 @@ def gym_flag_errors(cfg) -> list[str]:
 
 
 GYM = Family(
+    title="the gym: family",
     matches=_is_gym_name,
     make=make_gym_env,
     known=("gym:<id> (any registered Gymnasium env)",),

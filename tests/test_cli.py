@@ -108,7 +108,7 @@ def test_device_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
 
 # The lines a training run prints itself: its first line, status lines, and its warnings and errors.
 TRAINER_LINE = re.compile(r"^(training \S+ on \S+ with \d+ processes in .*; follow it with tensorboard --logdir .*"
-                          r"|\[ *\d+s\] frames .*|(warning|error): .*|stop requested: .*)$")
+                          r"|defaults of the .*: --.*|\[ *\d+s\] frames .*|(warning|error): .*|stop requested: .*)$")
 
 
 @pytest.mark.slow
@@ -123,6 +123,7 @@ def test_a_doom_duel_run_shows_only_the_trainers_lines_and_logs_the_engines(tmp_
     assert re.match(rf"training doom_duel on cpu with \d+ processes in {tmp_path / 'duel'}; follow it with", lines[0])
     seed = int(re.search(r"; seed (\d+) \(drawn: --seed \1 repeats it\);", lines[0]).group(1))  # no --seed given
     assert json.loads((tmp_path / "duel" / "config.json").read_text())["seed"] == seed
+    assert lines[1] == "defaults of the Doom matches: --env_frameskip 2, --gamma 0.995"
     assert [line for line in lines if not TRAINER_LINE.match(line)] == []
     assert sum(line.startswith("[") for line in lines) >= 2
     # the engines' chatter went to the experiment's logs instead (ViZDoom's multiplayer handshake)
@@ -201,3 +202,13 @@ def test_a_switch_given_a_word_it_does_not_know_is_a_short_error(flag, message, 
     with pytest.raises(SystemExit) as exit_info:
         appo.parse_args(["--env", "doom_basic", flag])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_second_line_of_a_run_names_its_familys_defaults_and_where_the_run_differs():
+    cfg = appo.parse_args(["--env", "atari_breakout", "--rollout", "64", "--learning_rate=3e-4"])
+    line = appo.family_line(cfg)
+    assert line.startswith("defaults of the Atari family: --env_frameskip 4, --gamma 0.99, ")
+    assert "--rollout 128 (yours: 64)" in line and "--learning_rate 0.00025 (yours: 0.0003)" in line
+    assert "--batch_size 1024," in line and "--batch_size 1024 (" not in line
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_workers", "3"])  # the batch no longer fits
+    assert "--async_rl False (now True)" in appo.family_line(cfg) and cfg.flags_given == ["env", "num_workers"]
