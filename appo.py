@@ -347,7 +347,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cfg = parser.parse_args(argv)
     given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
     cfg.flags_given = sorted(action.dest for action in parser._actions if given & set(action.option_strings))
-    if not cfg.async_rl and not any(arg.split("=")[0] in ("--async_rl", "--no-async_rl") for arg in argv):
+    if not cfg.async_rl and "async_rl" not in cfg.flags_given:
         fall_back_to_async_rl_unless_batches_fit(cfg)
     if cfg.device == "auto":
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -2769,8 +2769,9 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun"], None] | None 
         cfg.seed = random.randrange(2**31)
     torch.manual_seed(cfg.seed)
     print(start_line(cfg, seed_drawn), flush=True)
-    if family_line(cfg):
-        print(family_line(cfg), flush=True)
+    defaults_line = family_line(cfg)
+    if defaults_line:
+        print(defaults_line, flush=True)
     try:
         probe = probe_env(cfg)
     except Exception as error:  # the env itself is broken: no worker would do better

@@ -229,9 +229,7 @@ def _missing_packages(env_name: str, modules_and_packages) -> tuple[type[Excepti
 
 
 def _unknown_env_line(name: str) -> str:
-    builtin = [family for family in FAMILIES if not family.registered]
-    known = sorted(known for family in builtin if "<" not in family.known[0] for known in family.known)
-    known += [known for family in builtin if "<" in family.known[0] for known in family.known]
+    known = [known for family in FAMILIES if not family.registered for known in family.known]
     known += sorted(family.known[0] for family in FAMILIES if family.registered)
     return f"unknown env {name!r} (--env): known envs are {', '.join(known)}"
 
@@ -637,7 +635,7 @@ DOOM = Family(  # every single-player scenario (the matches are a family of thei
     title="the Doom family",
     matches=lambda name: name in DOOM_SCENARIOS,
     make=make_doom_env,
-    known=tuple(DOOM_SCENARIOS),
+    known=tuple(sorted(DOOM_SCENARIOS)),
     problem=_doom_problem,
     flag_defaults={
         "env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
@@ -1026,7 +1024,7 @@ DOOM_MATCH = Family(
     title="the Doom matches",
     matches=lambda name: name in DOOM_MATCHES,
     make=make_doom_match_env,
-    known=tuple(DOOM_MATCHES),
+    known=tuple(sorted(DOOM_MATCHES)),
     problem=lambda name, cfg=None: _missing_packages(name, [("vizdoom", "vizdoom"), ("cv2", "opencv-python-headless")]),
     flag_defaults=dict(DOOM_MATCH_DEFAULTS),  # no single-player family's defaults: the paper's match settings
     game_fps=lambda name: 35.0,

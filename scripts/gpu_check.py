@@ -428,7 +428,10 @@ def step_sigkill(check: Check):
         shm_left = sorted(shm_entries() - shm_before)
     finally:
         for pid in processes_tagged(tag):  # what outlived it, and its group
-            kill_group(os.getpgid(pid) if os.path.exists(f"/proc/{pid}") else pid)
+            try:
+                kill_group(os.getpgid(pid))
+            except ProcessLookupError:
+                pass  # gone meanwhile
         kill_group(process.pid)
         reader.join(timeout=10)
     check.log.write("".join(output))
