@@ -1364,6 +1364,13 @@ class SharedWeights:
         wait_for_copies(self.flat)  # a write that began during an unfinished copy must be noticed below
         return version if int(self.sequence[0]) == before else None
 
+    def release(self):
+        """Before a process that received GPU weights exits: drop its handle on the runner's memory,
+        so that PyTorch's count of the runner's shared tensors reaches zero (else the runner warns
+        at exit: 'Producer process has been terminated before all shared CUDA tensors released')."""
+        if self.device_flat is not None:
+            self.device_flat = self.flat = None
+
     def __getstate__(self):
         return {"num_params": self.num_params, "buffer": self.buffer, "device_flat": self.device_flat}
 
@@ -1377,6 +1384,29 @@ def wait_for_copies(tensor: torch.Tensor):
         torch.cuda.synchronize(tensor.device)
 
 
+def cuda_ipc_files(pids, reference_counters: bool = True) -> list[str]:
+    """The /dev/shm files that handing CUDA tensors to other processes (SharedWeights on a GPU)
+    leaves behind: the CUDA driver's `cuda.shm.<n>.<pid in hex>.<n>`, which it never removes, and
+    PyTorch's reference counters `torch_<pid>_<n>_<n>`, which stay when their process dies before
+    the processes it shared with. Remove them only for processes that are gone, or, without the
+    counters (PyTorch removes those at exit), for the calling process once those it shared with
+    are gone."""
+    hex_pids, dec_pids = {f"{pid:x}" for pid in pids}, {str(pid) for pid in pids}
+    found = []
+    for name in os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []:
+        parts = name.split(".")
+        if (name.startswith("cuda.shm.") and len(parts) == 5 and parts[3] in hex_pids) or \
+                (reference_counters and name.startswith("torch_") and name.split("_")[1] in dec_pids):
+            found.append(os.path.join("/dev/shm", name))
+    return found
+
+
+def remove_files(paths: list[str]):
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 class RunState:
     """Small shared counters every process reads or writes without messages."""
 
@@ -1384,6 +1414,7 @@ class RunState:
         self.sizes = {"stop": 1, "worker_frames": num_workers, "heartbeat": num_processes,
                       "learner_frames": num_policies, "learner_version": num_policies,
                       "resend_epoch": 1,  # bumped after a policy worker restart: re-send requests
+                      "pids": num_processes,  # for the clean-up by rollout workers if the runner is killed
                       "all_ranks_frames": 1}  # under torchrun: frames collected by every rank
         self.buffer = appo_ipc.SharedBuffer(8 * sum(self.sizes.values()))
         self._make_views()
@@ -1621,6 +1652,41 @@ def pin_rollout_worker(worker_id: int):
 
 def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
+
+
+def process_group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":  # a zombie is dead, only not yet reaped
+                members.append(int(entry))
+    return members
+
+
+def kill_process_group(pgid: int, spare: int | None = None):
+    """SIGKILLs a rollout worker with every env process it started (or, sparing the worker
+    itself, what its envs left running), then removes the shared memory files those env processes
+    would have removed had they exited normally."""
+    members = [pid for pid in process_group_members(pgid) if pid != spare]
+    if not members:
+        return
+    leftovers = envs.shared_memory_of(members)
+    if spare is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    else:
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while set(process_group_members(pgid)) - {spare} and time.monotonic() < deadline:
+        time.sleep(0.05)  # exiting processes need a moment to leave the process table
+    remove_files(leftovers)
 
 
 # =============================================================================================
@@ -1944,7 +2010,7 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
     child_process_setup("rollout", owns_envs=True)
     if cfg.set_workers_cpu_affinity:
         pin_rollout_worker(worker_id)
-    worker = None
+    worker, runner = None, os.getppid()
     with engine_output_to(engine_log_path(cfg, f"rollout_worker_{worker_id}")):
         try:
             worker = RolloutWorker(worker_id, process_index, cfg, shared)
@@ -1954,6 +2020,16 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
         finally:
             if worker is not None:
                 worker.close()
+            leave_nothing_behind(runner, shared.run)
+
+
+def leave_nothing_behind(runner: int, run: RunState):
+    """A rollout worker's last act: kill the env processes its envs' close missed (the GPU check
+    once found VizDoom games alive after every worker had exited), and, if the runner was killed,
+    remove the CUDA IPC files that its processes would have (the rollout workers are the last out)."""
+    kill_process_group(os.getpid(), spare=os.getpid())
+    if not parent_alive(runner):
+        remove_files(cuda_ipc_files([runner, *run.pids]))
 
 
 # =============================================================================================
@@ -2030,6 +2106,8 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
         if time.monotonic() - last_report > 2.0:
             shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s})
             busy_s, last_report = 0.0, time.monotonic()
+    for weights in shared.weights:
+        weights.release()
 
 
 # =============================================================================================
@@ -2335,6 +2413,9 @@ def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces
         # under torchrun: another rank died (its connection closed) or stayed silent too long
         print(f"error: rank {cfg.rank}'s learner lost the other ranks ({str(error).splitlines()[0]})", flush=True)
         sys.exit(4)
+    finally:
+        for weights in shared.weights:
+            weights.release()
 
 
 # =============================================================================================
@@ -2446,6 +2527,7 @@ class Child:
         run.heartbeat[self.index] = time.monotonic_ns()  # its silence counts from now
         self.process = context.Process(target=self.target, args=self.args, daemon=True)
         self.process.start()
+        run.pids[self.index] = self.process.pid
 
 
 def make_children(cfg, shared: Shared, spaces_pair) -> list[Child]:
@@ -2468,39 +2550,6 @@ def make_children(cfg, shared: Shared, spaces_pair) -> list[Child]:
                               (worker_id, index, cfg, without_weights), worker_id=worker_id))
         index += 1
     return children
-
-
-def process_group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()  # the name may hold spaces
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                members.append(int(entry))
-    return members
-
-
-def kill_process_group(pgid: int):
-    """SIGKILLs a rollout worker with every env process it started, then removes the shared
-    memory files those env processes would have removed had they exited normally."""
-    members = process_group_members(pgid)
-    if not members:
-        return
-    leftovers = envs.shared_memory_of(members)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + 5.0
-    while process_group_members(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)  # exiting processes need a moment to leave the process table
-    for path in leftovers:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
 
 
 def stop_child(child: Child) -> bool:
@@ -2878,6 +2927,8 @@ def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0, learne
     shared.slots.control.close()
     for q in shared.request_queues + shared.learner_queues + [shared.stats_queue]:
         q.close()
+    remove_files(cuda_ipc_files([child.process.pid for child in children]) +
+                 cuda_ipc_files([os.getpid()], reference_counters=False))
 
 
 # =============================================================================================

@@ -53,6 +53,7 @@ STATUS = re.compile(r"^\[ *(\d+)s\] frames ")
 TRAINED = re.compile(r"trained ([\d,]+)")
 RETURN = re.compile(r"avg return (-?[\d.]+) \((\d+) ep\)")
 STEPS = ["cuda_tests", "train", "throughput", "sigkill", "eval"]
+PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|error)")
 EVAL_RETURN = re.compile(r"mean return (-?[\d.]+) \+- ([\d.]+) over (\d+) games")
 
 
@@ -209,8 +210,11 @@ def processes_tagged(tag: str) -> dict[int, str]:
             with open(environ, "rb") as f:
                 if tag.encode() not in f.read():
                     continue
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid, pgid = f.read().rsplit(")", 1)[1].split()[:3]
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+            found[pid] = f"[{state} ppid {ppid} pgid {pgid}] {command}"
         except OSError:
             pass  # exited meanwhile
     found.pop(os.getpid(), None)
@@ -329,7 +333,8 @@ def step_cuda_tests(check: Check):
         env["APPO_CUDA_TESTS_ON_CPU"] = "1"  # the tests' own logic, with the CPU in the GPU's place
     code, output = check.command([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                                   "tests/test_cuda.py"], timeout=400, env=env)
-    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    # pytest's last line of its own: the lines after it are what processes print as they exit
+    summary = next((line for line in reversed(output.splitlines()) if PYTEST_SUMMARY.search(line)), "")
     details = {"pytest": summary, "on": "the CPU standing in for the GPU" if check.args.device == "cpu" else "the GPU"}
     if code != 0 or "passed" not in summary or "skipped" in summary:
         return "failed", {"reason": f"pytest exit code {code}", **details}
@@ -365,8 +370,12 @@ def step_train(check: Check):
                "status_line": next((l for l in reversed(output.splitlines()) if STATUS.match(l)), "")[:400]}
     for pid in survivors:
         kill_group(pid)
+    warnings = [line for line in output.splitlines() if line.startswith(("warning", "[W"))]
+    if warnings:
+        details["warnings"] = warnings[:5]
     problems = [text for bad, text in [
         (code != 0, f"exit code {code}"), (not lines or not lines[-1]["trained"], "nothing trained"),
+        (bool(warnings), f"{len(warnings)} warnings (a clean run prints none)"),
         (not checkpoints, "no checkpoint"), (bool(survivors), f"{len(survivors)} processes outlived it"),
         (bool(shm_left), f"left in /dev/shm: {shm_left}"),
         (f" on {check.args.device} " not in start, f"did not train on {check.args.device}")] if bad]
@@ -443,10 +452,9 @@ def step_sigkill(check: Check):
     details = {"trained_before_kill": trained_at is not None, "children_at_kill": len(children),
                "processes_left_after_30s": survivors, "all_gone_after_s": None if survivors else gone_after,
                "shm_left": shm_left}
-    unexpected = [name for name in shm_left if not (check.args.device == "cuda" and name.startswith("torch_"))]
     problems = [text for bad, text in [
         (trained_at is None, "it never trained"), (bool(survivors), f"{len(survivors)} processes outlived it by 30 s"),
-        (bool(unexpected), f"left in /dev/shm: {unexpected}")] if bad]
+        (bool(shm_left), f"left in /dev/shm: {shm_left}")] if bad]
     if problems:
         return "failed", {"reason": "; ".join(problems), **details}
     return "passed", details

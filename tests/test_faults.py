@@ -393,3 +393,44 @@ def test_a_policy_worker_drops_requests_that_went_stale_and_writes_nothing_for_t
     actions[slot, step] = -7
     worker.act_on([(0, 1, current, slot, step)])
     assert int(actions[slot, step]) == -7 and control.pending(0, 1) == 1
+
+
+def test_cuda_ipc_files_are_found_by_the_pid_in_their_names():
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    pid = int(gone.stdout)  # a process that has exited
+    names = [f"cuda.shm.0.{pid:x}.1", f"torch_{pid}_123_0", f"cuda.shm.0.{pid + 1:x}.1", f"torch_{pid}1_5_0"]
+    for name in names:
+        open(os.path.join("/dev/shm", name), "w").close()
+    try:
+        assert sorted(appo.cuda_ipc_files([pid])) == sorted(f"/dev/shm/{name}" for name in names[:2])
+        assert appo.cuda_ipc_files([pid], reference_counters=False) == [f"/dev/shm/{names[0]}"]
+    finally:
+        appo.remove_files([os.path.join("/dev/shm", name) for name in names])
+
+
+def leave_a_game_running(results):
+    """A rollout worker's process whose env was never closed (a close that failed or never ran)."""
+    appo.child_process_setup("rollout", owns_envs=True)
+    env = appo.envs.create_env("doom_basic", appo.parse_args(["--env", "doom_basic"]))
+    env.reset()
+    games = appo.process_group_members(os.getpid())
+    files = appo.envs.shared_memory_of(games)
+    appo.leave_nothing_behind(os.getppid(), appo.RunState(1, 1, 1))  # what a rollout worker does last
+    results.put({"games": [pid for pid in games if pid != os.getpid()], "files": files,
+                 "alive_after": [pid for pid in appo.process_group_members(os.getpid()) if pid != os.getpid()],
+                 "files_after": [path for path in files if os.path.exists(path)]})
+
+
+def test_a_rollout_worker_ends_the_env_processes_its_envs_left_running(spawn):
+    """The GPU check's first run (16 cores) found VizDoom processes alive 30 s after a SIGKILLed
+    runner, though every rollout worker had exited: whatever its envs' close missed, the worker
+    now kills (its process group, sparing itself), and it removes their shared memory."""
+    results = spawn.Queue()
+    child = spawn.Process(target=leave_a_game_running, args=(results,))
+    child.start()
+    found = results.get(timeout=120)
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert len(found["games"]) == 1 and len(found["files"]) == 3  # one VizDoom process, its 3 segments
+    assert found["alive_after"] == [] and found["files_after"] == []
