@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="train, or eval: play a saved policy, print its scores, optionally record a video")
     general.add_argument("--env", default="doom_basic",
                          help="env name: doom_<scenario>, atari_<game>, dmlab_<level>, dmlab_30, gym:<id> for any "
-                              "registered Gymnasium env (e.g. gym:CartPole-v1), or one added with env.register_env")
+                              "registered Gymnasium env (e.g. gym:CartPole-v1; gym:<module>:<id> imports <module> first), "
+                              "or one added with env.register_env")
     general.add_argument("--experiment", default=None,
                          help="experiment name; results go to train_dir/experiment (default: the env name, "
                               "with ':' and '/' as '_')")
@@ -245,8 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "Factory's synchronous mode, the Atari and gym: families' default): each env collects "
                            "its share of a batch, then waits for the weights trained on it, and every batch is "
                            "acted by the latest weights. Needs --batch_size to be a whole number of rollouts of "
-                           "every env (num_workers x num_envs_per_worker x agents x rollout); a family default "
-                           "that does not fit falls back to asynchronous, with a note")
+                           "every env (num_workers x num_envs_per_worker x agents x rollout); where it is the "
+                           "family's, the batch grows to the fewest that hold it, its minibatches and epochs "
+                           "unchanged (the run's second line shows the sizes)")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate")
@@ -347,8 +349,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cfg = parser.parse_args(argv)
     given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
     cfg.flags_given = sorted(action.dest for action in parser._actions if given & set(action.option_strings))
-    if not cfg.async_rl and "async_rl" not in cfg.flags_given:
-        fall_back_to_async_rl_unless_batches_fit(cfg)
+    if not cfg.async_rl and not {"async_rl", "batch_size"} & set(cfg.flags_given):
+        fit_synchronous_batches(cfg)
     if cfg.device == "auto":
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.env_frameskip is None:
@@ -384,20 +386,27 @@ def rollouts_per_batch(cfg, num_agents: int) -> int:
     return max(1, cfg.batch_size // samples_per_rollout_of_every_env(cfg, num_agents))
 
 
-def fall_back_to_async_rl_unless_batches_fit(cfg):
-    """A family's synchronous default (Sample Factory's) holds only where a batch is whole rollouts of
-    every env; with other worker counts the run goes asynchronous rather than failing on a default."""
-    num_agents = envs.num_agents_of(cfg.env) or 1
+def fit_synchronous_batches(cfg):
+    """A family's synchronous default (Sample Factory's, for Atari and gym:) at any worker count.
+
+    A synchronous batch is whole rollouts of every env, so its size follows the machine: here it
+    becomes the fewest rollouts of every env that hold the family's --batch_size and split into
+    its minibatches, which keep their size (--batch_size / --num_batches_per_epoch), as do the
+    epochs. The SGD steps per sample stay the family's on 1 core or 64; what grows with the envs
+    is the samples between two updates, as when Sample Factory or CleanRL run more envs. A
+    --batch_size of your own is kept, and config_errors says if it does not fit.
+    """
+    num_agents = envs.num_agents_of(cfg.env) or 1  # the synchronous families know theirs
     samples = samples_per_rollout_of_every_env(cfg, num_agents)
-    if samples > 0 and cfg.batch_size > 0 and cfg.batch_size % samples == 0:
-        return
-    cfg.async_rl = True
-    if cfg.mode != "train":  # evaluation collects no batches
-        return
-    print(f"note: {cfg.env} trains synchronously by default (Sample Factory's configuration for its family), "
-          f"but a rollout of every env gives {samples:,} samples and --batch_size {cfg.batch_size} is not a "
-          "multiple of them: training asynchronously. For synchronous training make it one (or change "
-          "--num_workers, --num_envs_per_worker, --rollout) and pass --no-async_rl", flush=True)
+    if samples <= 0 or cfg.batch_size <= 0 or cfg.num_batches_per_epoch <= 0 \
+            or cfg.batch_size % cfg.num_batches_per_epoch:
+        return  # config_errors names the flag
+    minibatch = cfg.batch_size // cfg.num_batches_per_epoch
+    rollouts = max(1, -(-cfg.batch_size // samples))  # ceiling division
+    while rollouts * samples % minibatch:
+        rollouts += 1  # ends by minibatch / gcd(samples, minibatch)
+    cfg.batch_size = rollouts * samples
+    cfg.num_batches_per_epoch = cfg.batch_size // minibatch
 
 
 def native_bfloat16(device: str) -> bool:
@@ -2161,7 +2170,7 @@ def load_latest_checkpoint(cfg, policy_id: int, quiet: bool = False) -> dict | N
     paths = sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")), reverse=True)
     for path in paths:
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return {**torch.load(path, map_location="cpu", weights_only=True), "path": path}
         except Exception as error:  # a truncated or corrupt file: fall back to the one before
             if not quiet:
                 print(f"warning: skipping unreadable checkpoint {path}: {str(error).splitlines()[0]}", flush=True)
@@ -2206,7 +2215,7 @@ class Learner:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             self.policy_version, self.env_frames = checkpoint["policy_version"], checkpoint["env_frames"]
             print(f"policy {policy_id} resumed from policy version {self.policy_version}, "
-                  f"{self.env_frames:,} env frames", flush=True)
+                  f"{self.env_frames:,} env frames ({checkpoint['path']})", flush=True)
         if cfg.world_size > 1:
             init_distributed(cfg)
             broadcast_training_state(self)
@@ -2803,6 +2812,22 @@ def family_line(cfg) -> str | None:
     return f"defaults of {family.title}: " + ", ".join(parts)
 
 
+def resumed_line(cfg) -> str | None:
+    """A run in an experiment folder that has run before (--restart_behavior resume): which flags
+    differ from that run's (its config.json), so that a changed flag is never a silent change."""
+    path = os.path.join(experiment_dir(cfg), "config.json")
+    if cfg.rank != 0 or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        saved = json.load(f)
+    bookkeeping = {"flags_given", "rank", "world_size"} | ({"seed"} - set(cfg.flags_given))  # a drawn seed is new
+    differ = [f"--{flag} {value} (saved: {saved[flag]})" for flag, value in sorted(vars(cfg).items())
+              if flag in saved and flag not in bookkeeping and json.loads(json.dumps(value)) != saved[flag]]
+    return (f"resuming the experiment in {experiment_dir(cfg)}; "
+            + ("flags that differ from its saved config.json: " + ", ".join(differ) if differ
+               else "its flags are the saved ones"))
+
+
 class StopRequested(Exception):
     pass
 
@@ -2818,9 +2843,9 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun"], None] | None 
         cfg.seed = random.randrange(2**31)
     torch.manual_seed(cfg.seed)
     print(start_line(cfg, seed_drawn), flush=True)
-    defaults_line = family_line(cfg)
-    if defaults_line:
-        print(defaults_line, flush=True)
+    for line in (family_line(cfg), resumed_line(cfg)):
+        if line:
+            print(line, flush=True)
     try:
         probe = probe_env(cfg)
     except Exception as error:  # the env itself is broken: no worker would do better

@@ -1536,9 +1536,12 @@ ATARI = Family(
         # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). README, "The Atari
         # learning-rate horizon", compares the two
         "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
+        # the budget, and so the schedule's horizon, of CleanRL's ppo_atari.py (10M steps) and of
+        # atari_params.py (10M samples): 40M frames at frameskip 4; a budget of your own replaces it
+        "train_for_env_steps": 40_000_000,
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
-        # collect a batch, then train on it (falls back to asynchronous where batches do not fit), as
-        # atari_params.py does; README's Atari learning table compares it with asynchronous
+        # collect a batch, then train on it, as atari_params.py does (the batch is whole rollouts of
+        # every env: appo.fit_synchronous_batches); README's Atari learning table compares it with asynchronous
         "async_rl": False,
     },
 )
@@ -1907,15 +1910,32 @@ def _is_gym_name(name: str) -> bool:
     return name.startswith("gym:") and len(name) > len("gym:")
 
 
-def _unknown_gym_id(name: str) -> tuple[type[Exception], str] | None:
+def _gym_registry_id(name: str) -> str:
+    """The registry id of gym:<id>, or of gym:<module>:<id>, Gymnasium's own way to name an env of a
+    module that registers it: the module is imported first, as gymnasium.make does (ImportError if
+    it is not on the Python path)."""
     env_id = name[len("gym:"):]
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        importlib.import_module(module)
+    return env_id
+
+
+def _unknown_gym_id(name: str) -> tuple[type[Exception], str] | None:
+    try:
+        env_id = _gym_registry_id(name)
+    except ImportError as error:
+        module = name[len("gym:"):].split(":")[0]
+        return ValueError, (f"--env {name}: cannot import {module!r} ({error}); the module that registers "
+                            "the env must be on the Python path: run from its folder or set PYTHONPATH")
     if env_id in gym.registry:
         return None
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return ValueError, (f"unknown Gymnasium id {env_id!r} in --env {name}: {hint}python -c 'import gymnasium; "
-                        "gymnasium.pprint_registry()' lists the registered ids; register your own with "
-                        "gymnasium.register in your launcher (README: bring your own env)")
+                        "gymnasium.pprint_registry()' lists the registered ids; an env of your own: register it "
+                        "with gymnasium.register in a module and name it gym:<module>:<id> (README: bring your "
+                        "own env)")
 
 
 def make_gym_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> gym.Env:
@@ -1936,7 +1956,7 @@ def _gym_problem(name: str, cfg=None) -> Problem:
 
 def _gym_game_fps(name: str) -> float:
     """The env class's own, where it says (MuJoCo's set theirs per instance)."""
-    creator = gym.envs.registration.load_env_creator(gym.registry[name[len("gym:"):]].entry_point)
+    creator = gym.envs.registration.load_env_creator(gym.registry[_gym_registry_id(name)].entry_point)
     return float(getattr(creator, "metadata", {}).get("render_fps") or 30.0)
 
 
@@ -1970,6 +1990,7 @@ GYM = Family(
         "num_batches_per_epoch": 4, "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3,
         "exploration_loss_coeff": 0.0, "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5,
         "normalize_input": True, "async_rl": False,
+        "train_for_env_steps": 10_000_000,  # mujoco_params.py's budget, and so its schedule's horizon
     },
     game_fps=_gym_game_fps,
     add_flags=add_gym_flags,

@@ -770,19 +770,38 @@ def test_env_defaults_apply_unless_a_flag_is_given():
     assert appo.parse_args(["--env", "doom_basic", "--env_frameskip", "2"]).env_frameskip == 2
 
 
-def test_a_familys_synchronous_default_falls_back_to_asynchronous_where_batches_do_not_fit(capsys):
-    """Atari takes Sample Factory's synchronous collection where a batch is whole rollouts of every
-    env (2 x 4 envs x 128 steps = 1024); at 3 workers it is not, and the default goes asynchronous
-    with a note instead of failing. A --no-async_rl given on the command line is never overridden
-    (config_errors names the misfit instead)."""
-    fits = ["--env", "atari_breakout", "--num_workers", "2", "--num_envs_per_worker", "4"]
-    assert appo.parse_args(fits).async_rl is False
-    assert capsys.readouterr().out == ""
-    assert appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--num_envs_per_worker", "4"]).async_rl
-    assert "training asynchronously" in capsys.readouterr().out
-    given = appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--no-async_rl"])
-    assert given.async_rl is False and "--no-async_rl needs --batch_size" in " ".join(appo.config_errors(given))
+@pytest.mark.parametrize("env, minibatch, epochs", [("atari_breakout", 256, 4), ("gym:Hopper-v5", 256, 2)])
+@pytest.mark.parametrize("workers", [1, 2, 8, 36])
+def test_a_synchronous_family_stays_synchronous_with_the_same_sgd_work_per_sample_on_any_machine(
+        env, minibatch, epochs, workers, capsys):
+    """Before, the Atari and gym: families' synchronous default went asynchronous wherever their
+    batch was not whole rollouts of every env: on most machines past 4 (Atari) or 8 (gym:) cores.
+    Now the batch is the fewest rollouts of every env that hold the family's, in minibatches of
+    the family's size: the same SGD steps per sample, a different number of samples per update."""
+    cfg = appo.parse_args(["--env", env, "--num_workers", str(workers)])  # 2 envs per worker by default
+    one_rollout_of_every_env = workers * 2 * cfg.rollout
+    assert cfg.async_rl is False and appo.config_errors(cfg) == []
+    assert cfg.batch_size % one_rollout_of_every_env == 0 and cfg.batch_size >= 1024
+    assert cfg.batch_size // cfg.num_batches_per_epoch == minibatch and cfg.num_epochs == epochs
+    assert cfg.batch_size - one_rollout_of_every_env < 1024  # no more rollouts than it takes
+    assert capsys.readouterr().out == ""  # nothing to note: the algorithm did not change
+
+
+def test_a_batch_of_your_own_is_kept_and_a_misfit_is_an_error_not_a_switch():
+    given = appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--batch_size", "1024"])
+    assert given.async_rl is False and given.batch_size == 1024
+    assert "--no-async_rl needs --batch_size" in " ".join(appo.config_errors(given))
+    assert appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--async_rl"]).batch_size == 1024
     assert appo.parse_args(["--env", "doom_basic"]).async_rl  # Sample Factory's Doom default: asynchronous
+
+
+def test_a_run_without_a_budget_decays_its_rate_over_the_familys_published_one():
+    atari = appo.parse_args(["--env", "atari_breakout"])  # CleanRL's and Sample Factory's 10M steps
+    assert atari.train_for_env_steps == 40_000_000
+    assert appo.scheduled_learning_rate(atari, 20_000_000) == pytest.approx(2.5e-4 / 2)
+    assert appo.parse_args(["--env", "gym:Hopper-v5"]).train_for_env_steps == 10_000_000
+    own = appo.parse_args(["--env", "atari_breakout", "--train_for_env_steps", "2000000"])
+    assert appo.scheduled_learning_rate(own, 1_000_000) == pytest.approx(2.5e-4 / 2)
 
 
 def test_every_flag_has_help():

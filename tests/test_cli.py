@@ -164,8 +164,14 @@ def small_serial_run(train_dir, *flags) -> list[str]:
 def test_restart_behavior_resumes_by_default_restart_moves_the_old_folder_aside_and_overwrite_deletes_it(
         tmp_path, capsys):
     assert appo.main(small_serial_run(tmp_path)) == 0
+    assert "resuming" not in capsys.readouterr().out
     assert appo.main(small_serial_run(tmp_path)) == 0  # the default resumes
-    assert "resumed from policy version" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"resuming the experiment in {tmp_path / 'e'}; its flags are the saved ones" in out  # a drawn seed is new
+    assert re.search(r"resumed from policy version \d+, [\d,]+ env frames \(.*checkpoint_p0/checkpoint_\d+\.pth\)", out)
+    assert appo.main(small_serial_run(tmp_path, "--learning_rate", "0.0003", "--seed", "5")) == 0
+    out = capsys.readouterr().out
+    assert "flags that differ from its saved config.json: --learning_rate 0.0003 (saved: 0.0001), --seed 5 (saved: " in out
     first = sorted(os.listdir(tmp_path / "e" / "checkpoint_p0"))
     first_config = (tmp_path / "e" / "config.json").read_text()
 
@@ -212,3 +218,41 @@ def test_the_second_line_of_a_run_names_its_familys_defaults_and_where_the_run_d
     assert "--batch_size 1024," in line and "--batch_size 1024 (" not in line
     cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_workers", "3"])  # the batch no longer fits
     assert "--async_rl False (now True)" in appo.family_line(cfg) and cfg.flags_given == ["env", "num_workers"]
+
+
+CORRIDOR_MODULE = '''
+import gymnasium as gym
+import numpy as np
+
+
+class Corridor(gym.Env):
+    """Walk right to the end of a corridor of 5 cells."""
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cell = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.cell = max(0, self.cell + (1 if action == 1 else -1))
+        done = self.cell == 4
+        return np.full(1, self.cell / 4, np.float32), float(done), done, False, {}
+
+
+gym.register("Corridor-v0", entry_point=Corridor)
+'''
+
+
+def test_a_gym_env_of_a_module_of_yours_trains_as_gym_module_id(tmp_path, monkeypatch, capsys):
+    """Gymnasium's own way to name an env of a module that registers it (gymnasium.make imports the
+    module): no launcher script needed."""
+    (tmp_path / "my_corridor.py").write_text(CORRIDOR_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    flags = ["--serial_mode", "--num_workers", "1", "--num_envs_per_worker", "2", "--train_for_env_steps", "2048",
+             "--train_dir", str(tmp_path / "runs")]
+    assert appo.main(["--env", "gym:my_corridor:Corridor-v0", *flags]) == 0, capsys.readouterr().err
+    assert os.listdir(tmp_path / "runs" / "gym_my_corridor_Corridor-v0" / "checkpoint_p0")
+    assert appo.main(["--env", "gym:no_such_module:Corridor-v0", *flags]) == 2
+    assert "cannot import 'no_such_module'" in capsys.readouterr().err
