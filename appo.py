@@ -30,6 +30,7 @@ import ctypes
 import dataclasses
 import glob
 import importlib.util
+import itertools
 import json
 import multiprocessing
 import os
@@ -181,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     envs.add_flags(env_group)  # each env family's own flags (env.py declares and checks them)
 
     model = parser.add_argument_group("model")
-    model.add_argument("--hidden_size", type=int, default=512,
-                       help="width of the fully connected layer after the encoder and of the RNN")
+    model.add_argument("--hidden_size", "--rnn_size", type=int, default=512,
+                       help="width of the fully connected layer after the encoder and of the RNN "
+                            "(--rnn_size, Sample Factory's name, is the same flag)")
     model.add_argument("--rnn_type", choices=["gru", "lstm", "none"], default="gru",
                        help="recurrent core; 'none' for a feed-forward policy")
     model.add_argument("--encoder", choices=list(CONV_ENCODERS), default="convnet_simple",
@@ -209,12 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     algo = parser.add_argument_group("algorithm")
     algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)")
     algo.add_argument("--batch_size", type=int, default=2048,
-                      help="samples per SGD step; a multiple of --rollout")
-    algo.add_argument("--num_epochs", type=int, default=1, help="SGD passes over each batch")
+                      help="samples per SGD step: one minibatch of whole trajectories, as in Sample Factory; "
+                           "a multiple of --rollout")
     algo.add_argument("--num_batches_per_epoch", type=int, default=1,
-                      help="minibatches per pass (Sample Factory's name): each takes whole trajectories, "
-                           "batch_size / this samples, computes its targets with the weights of the moment and "
-                           "makes one optimiser step; the batch's slots (batch_size / rollout) must divide evenly")
+                      help="minibatches in a training iteration, as in Sample Factory: an iteration trains on "
+                           "batch_size x this samples, each minibatch computing its targets with the weights of "
+                           "the moment and making one optimiser step")
+    algo.add_argument("--num_epochs", type=int, default=1, help="SGD passes over each iteration's samples")
     algo.add_argument("--gamma", type=float, default=0.99, help="discount factor (default: the env's)")
     algo.add_argument("--with_vtrace", action="switch", default=True,
                       help="V-trace value targets and advantages; --no-with_vtrace uses GAE")
@@ -245,10 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "it is acted by weights a version or two old; --no-async_rl takes turns (Sample "
                            "Factory's synchronous mode, the Atari and gym: families' default): each env collects "
                            "its share of a batch, then waits for the weights trained on it, and every batch is "
-                           "acted by the latest weights. Needs --batch_size to be a whole number of rollouts of "
-                           "every env (num_workers x num_envs_per_worker x agents x rollout); where it is the "
-                           "family's, the batch grows to the fewest that hold it, its minibatches and epochs "
-                           "unchanged (the run's second line shows the sizes)")
+                           "acted by the latest weights. Needs an iteration (batch_size x num_batches_per_epoch) "
+                           "to be whole rollouts of every env (num_workers x num_envs_per_worker x agents x "
+                           "rollout); where the sizes are the family's, --num_batches_per_epoch grows to the "
+                           "fewest that hold its iteration (the run's second line shows it)")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate")
@@ -276,9 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--remap_policies_every", type=int, default=5,
                         help="with several policies: each env's agents are handed to new random policies "
                              "after this many of its episodes (self-play meets every pairing)")
-    system.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+    system.add_argument("--device", choices=["auto", "cpu", "cuda", "gpu"], default="auto",
                         help="where the learner and policy workers run; auto: cuda when torch sees a GPU, "
-                             "otherwise cpu (rollout workers always run on the CPU)")
+                             "otherwise cpu (rollout workers always run on the CPU); gpu, Sample Factory's "
+                             "word, means cuda")
     system.add_argument("--learner_threads", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 2)),
                         help="torch threads of the learner (default: half the CPU cores, 1 to 4). More threads "
                              "than cores left free by the workers waste time waiting for each other "
@@ -349,10 +353,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cfg = parser.parse_args(argv)
     given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
     cfg.flags_given = sorted(action.dest for action in parser._actions if given & set(action.option_strings))
-    if not cfg.async_rl and not {"async_rl", "batch_size"} & set(cfg.flags_given):
+    if not cfg.async_rl and not {"async_rl", "batch_size", "num_batches_per_epoch"} & set(cfg.flags_given):
         fit_synchronous_batches(cfg)
     if cfg.device == "auto":
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg.device = "cuda" if cfg.device == "gpu" else cfg.device
     if cfg.env_frameskip is None:
         cfg.env_frameskip = 1
     if cfg.experiment is None:
@@ -369,10 +374,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # The sizes derived from the flags, each computed here and nowhere else.
 
+def samples_per_iteration(cfg) -> int:
+    """What the learner trains on at once (its batch): --num_batches_per_epoch minibatches of
+    --batch_size samples, Sample Factory's meanings."""
+    return cfg.batch_size * cfg.num_batches_per_epoch
+
+
 def trajectories_per_batch(cfg) -> int:
-    """A batch is whole trajectories of --rollout steps, one per slot (config_errors checks that
-    --rollout divides --batch_size)."""
-    return cfg.batch_size // cfg.rollout
+    """The learner's batch is whole trajectories of --rollout steps, one per slot (config_errors
+    checks that --rollout divides --batch_size)."""
+    return samples_per_iteration(cfg) // cfg.rollout
 
 
 def samples_per_rollout_of_every_env(cfg, num_agents: int) -> int:
@@ -383,30 +394,27 @@ def samples_per_rollout_of_every_env(cfg, num_agents: int) -> int:
 
 def rollouts_per_batch(cfg, num_agents: int) -> int:
     """--no-async_rl: the rollouts each actor collects towards one batch."""
-    return max(1, cfg.batch_size // samples_per_rollout_of_every_env(cfg, num_agents))
+    return max(1, samples_per_iteration(cfg) // samples_per_rollout_of_every_env(cfg, num_agents))
 
 
 def fit_synchronous_batches(cfg):
     """A family's synchronous default (Sample Factory's, for Atari and gym:) at any worker count.
 
-    A synchronous batch is whole rollouts of every env, so its size follows the machine: here it
-    becomes the fewest rollouts of every env that hold the family's --batch_size and split into
-    its minibatches, which keep their size (--batch_size / --num_batches_per_epoch), as do the
-    epochs. The SGD steps per sample stay the family's on 1 core or 64; what grows with the envs
-    is the samples between two updates, as when Sample Factory or CleanRL run more envs. A
-    --batch_size of your own is kept, and config_errors says if it does not fit.
+    A synchronous iteration is whole rollouts of every env, so its size follows the machine: here
+    it becomes the fewest rollouts of every env that hold the family's iteration and split into its
+    minibatches (--batch_size, kept, as are the epochs; --num_batches_per_epoch follows). The SGD
+    steps per sample stay the family's on 1 core or 64; what grows with the envs is the samples
+    between two updates, as when Sample Factory or CleanRL run more envs. Sizes of your own are
+    kept, and config_errors says if they do not fit.
     """
     num_agents = envs.num_agents_of(cfg.env) or 1  # the synchronous families know theirs
     samples = samples_per_rollout_of_every_env(cfg, num_agents)
-    if samples <= 0 or cfg.batch_size <= 0 or cfg.num_batches_per_epoch <= 0 \
-            or cfg.batch_size % cfg.num_batches_per_epoch:
+    if samples <= 0 or cfg.batch_size <= 0 or cfg.num_batches_per_epoch <= 0:
         return  # config_errors names the flag
-    minibatch = cfg.batch_size // cfg.num_batches_per_epoch
-    rollouts = max(1, -(-cfg.batch_size // samples))  # ceiling division
-    while rollouts * samples % minibatch:
-        rollouts += 1  # ends by minibatch / gcd(samples, minibatch)
-    cfg.batch_size = rollouts * samples
-    cfg.num_batches_per_epoch = cfg.batch_size // minibatch
+    rollouts = max(1, -(-samples_per_iteration(cfg) // samples))  # ceiling division
+    while rollouts * samples % cfg.batch_size:
+        rollouts += 1  # ends by batch_size / gcd(samples, batch_size)
+    cfg.num_batches_per_epoch = rollouts * samples // cfg.batch_size
 
 
 def native_bfloat16(device: str) -> bool:
@@ -469,12 +477,8 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
         errors.append(f"--rollout {cfg.rollout} is larger than --batch_size {cfg.batch_size}: "
                       "lower --rollout or raise --batch_size")
     elif cfg.batch_size % cfg.rollout:
-        errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout}: "
-                      f"use e.g. --batch_size {trajectories_per_batch(cfg) * cfg.rollout or cfg.rollout}")
-    elif trajectories_per_batch(cfg) % cfg.num_batches_per_epoch:
-        errors.append(f"--num_batches_per_epoch {cfg.num_batches_per_epoch} does not divide the "
-                      f"{trajectories_per_batch(cfg)} trajectories of a batch (--batch_size / --rollout): "
-                      "pick a divisor, or change --batch_size")
+        errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout} (a minibatch "
+                      f"is whole trajectories): use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout}")
     if not 0 <= cfg.past_opponents_fraction <= 1:
         errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
     elif cfg.past_opponents_fraction > 0 and envs.num_agents_of(cfg.env) == 1:
@@ -512,14 +516,15 @@ def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
                 "different learners, and no one batch waits for them all; drop --no-async_rl"]
     if num_agents is None:
         return []
-    samples = samples_per_rollout_of_every_env(cfg, num_agents)
-    if cfg.batch_size % samples:
+    samples, iteration = samples_per_rollout_of_every_env(cfg, num_agents), samples_per_iteration(cfg)
+    if iteration % samples:
         agents = f" x {num_agents} agents" if num_agents > 1 else ""
-        return [f"--no-async_rl needs --batch_size to be a whole number of rollouts of every env: "
+        fits = next(n for n in itertools.count(1) if n * cfg.batch_size % samples == 0)
+        return [f"--no-async_rl needs an iteration (--batch_size {cfg.batch_size} x --num_batches_per_epoch "
+                f"{cfg.num_batches_per_epoch} = {iteration:,} samples) to be whole rollouts of every env: "
                 f"--num_workers {cfg.num_workers} x --num_envs_per_worker {cfg.num_envs_per_worker}{agents} "
-                f"x --rollout {cfg.rollout} = {samples:,} samples, and {cfg.batch_size} is not a multiple: use "
-                f"--batch_size {max(1, round(cfg.batch_size / samples)) * samples}, change those flags, or "
-                "drop --no-async_rl"]
+                f"x --rollout {cfg.rollout} = {samples:,} samples: use --num_batches_per_epoch "
+                f"{fits * max(1, round(cfg.num_batches_per_epoch / fits))}, change those flags, or drop --no-async_rl"]
     return []
 
 
@@ -1223,7 +1228,7 @@ def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict
     if it stopped at a non-finite loss or gradient, whose step it did not take)."""
     model.update_normalizers({key: trajectory_major(batch[key]) for key in model.encoders})
     trajectories = batch["done"].shape[1]
-    size = trajectories // cfg.num_batches_per_epoch
+    size = trajectories // cfg.num_batches_per_epoch  # --batch_size / --rollout for a whole iteration
     # contiguous ranges: views of the trajectory-major batch, no copies
     minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
     if not cfg.with_vtrace:
@@ -2312,7 +2317,7 @@ class Learner:
         self.apply_lr_schedule()
         stats = self.sgd_step(batch)
         self.policy_version += 1
-        self.env_frames += self.cfg.batch_size * self.cfg.env_frameskip * self.cfg.world_size  # all ranks trained
+        self.env_frames += samples_per_iteration(self.cfg) * self.cfg.env_frameskip * self.cfg.world_size  # all ranks
         self.shared.weights[self.policy_id].publish(self.model, self.policy_version)
         self.shared.run.learner_frames[self.policy_id] = self.env_frames
         self.shared.run.learner_version[self.policy_id] = self.policy_version

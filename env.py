@@ -1530,7 +1530,7 @@ ATARI = Family(
     flag_defaults={  # atari_params.py, chosen there to match CleanRL's and Stable-Baselines3's PPO
         "env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
         "rnn_type": "none", "encoder": "convnet_atari",  # the frame stack is the memory
-        "rollout": 128, "batch_size": 1024, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
+        "rollout": 128, "batch_size": 256, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
         # linear_decay to 0 at the budget: CleanRL's ppo_atari.py (anneal_lr) and Stable-Baselines3's
         # zoo (lin_2.5e-4), the schedule atari_params.py means to match. Sample Factory's own reaches 0
         # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). README, "The Atari
@@ -1986,7 +1986,7 @@ GYM = Family(
     # penalty (kl_loss_coeff 0.1); appo.py has none.
     flag_defaults={
         "env_frameskip": 1, "gamma": DEFAULT_GAMMA, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh",
-        "hidden_size": 64, "rnn_type": "none", "rollout": 64, "batch_size": 1024, "num_epochs": 2,
+        "hidden_size": 64, "rnn_type": "none", "rollout": 64, "batch_size": 256, "num_epochs": 2,
         "num_batches_per_epoch": 4, "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3,
         "exploration_loss_coeff": 0.0, "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5,
         "normalize_input": True, "async_rl": False,

@@ -64,7 +64,7 @@ def parse_args():
     parser.add_argument("--num_workers", type=int, default=2, help="rollout worker processes")
     parser.add_argument("--num_envs_per_worker", type=int, default=8, help="envs per rollout worker")
     parser.add_argument("--worker_num_splits", type=int, default=2, help="env groups per worker")
-    parser.add_argument("--batch_size", type=int, default=512, help="samples per SGD step")
+    parser.add_argument("--batch_size", type=int, default=512, help="samples per SGD step (one minibatch)")
     parser.add_argument("--rollout", type=int, default=32, help="env steps per trajectory")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds of each leg")
     parser.add_argument("--warmup", type=float, default=30.0,
@@ -168,7 +168,7 @@ def random_batch(model: appo.ActorCritic, spaces_pair, cfg) -> dict[str, torch.T
     """A learner batch [T+1, B, ...] of random data with the shapes, dtypes and memory layout of
     the real one (time-first views of trajectory-major memory, as RolloutSlots.gather gives)."""
     specs = appo.rollout_buffer_specs(*spaces_pair, cfg)
-    shape = (cfg.rollout + 1, cfg.batch_size // cfg.rollout)
+    shape = (cfg.rollout + 1, appo.trajectories_per_batch(cfg))
     batch = {name: torch.zeros(shape[::-1] + field_shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
              .transpose(0, 1) for name, (field_shape, dtype) in specs.items()}
     for key in model.encoders:
@@ -245,7 +245,7 @@ def measure_ceiling(flags: list[str], seconds: float) -> dict:
             cfg.train_dir = train_dir  # no checkpoint to resume
             learner = appo.Learner(0, cfg, None, spaces_pair)
             learner_s = seconds_per_call(lambda: learner.sgd_step(sample_batch), seconds / 3, device=device)
-            learner_s /= cfg.batch_size
+            learner_s /= appo.samples_per_iteration(cfg)
     finally:
         torch.set_num_threads(threads)
     cores = len(os.sched_getaffinity(0))
@@ -391,13 +391,12 @@ def sample_factory_command(args, flags: list[str], train_dir: str) -> list[str]:
 def same_sgd_work_for_sample_factory(args, flags: list[str]) -> list[str]:
     """Sample Factory's flags for the SGD work appo.py does on a batch, so that both learners
     compute the same per sample (the Atari family's defaults take 4 epochs of 4 minibatches, Doom's
-    one step). Sample Factory's --batch_size is one minibatch, appo.py's the whole batch split
-    into --num_batches_per_epoch. Collection is the same on both sides: appo.py's resolved --async_rl
-    (synchronous on Atari where the envs' rollouts make whole batches, as in Sample Factory's own
-    Atari configuration; asynchronous on Doom). Given after the shared flags: Sample Factory's
-    parser keeps the last value of a flag."""
+    one step); the flags mean the same on both sides (--batch_size is one minibatch). Collection
+    is the same on both sides: appo.py's resolved --async_rl (synchronous on Atari, as in Sample
+    Factory's own Atari configuration; asynchronous on Doom). Given after the shared flags: Sample
+    Factory's parser keeps the last value of a flag."""
     ours = appo.parse_args(flags + args.trainer_flags)
-    return ["--batch_size", str(ours.batch_size // ours.num_batches_per_epoch),
+    return ["--batch_size", str(ours.batch_size),
             "--num_batches_per_epoch", str(ours.num_batches_per_epoch), "--num_epochs", str(ours.num_epochs),
             "--async_rl", str(ours.async_rl)]
 

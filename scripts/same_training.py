@@ -24,10 +24,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = [
     "--env doom_basic",  # GAE, the Doom family's defaults
     "--env doom_basic --with_vtrace --normalize_returns",
-    "--env doom_basic --num_epochs 2 --num_batches_per_epoch 2 --lr_schedule linear_decay",
-    "--env doom_basic --with_vtrace --normalize_returns --num_epochs 2 --num_batches_per_epoch 2",
+    # minibatches of 64 (of the 128 of COMMON before 2026-11-26, when --batch_size was the iteration)
+    "--env doom_basic --num_epochs 2 --num_batches_per_epoch 2 --lr_schedule linear_decay --batch_size 64",
+    "--env doom_basic --with_vtrace --normalize_returns --num_epochs 2 --num_batches_per_epoch 2 --batch_size 64",
     "--env doom_basic --normalize_returns --max_policy_lag 1",
-    "--env gym:CartPole-v1",  # synchronous, 2 epochs x 4 minibatches, no RNN
+    "--env gym:CartPole-v1 --batch_size 32",  # synchronous, 2 epochs x 4 minibatches of 32, no RNN
 ]
 COMMON = ["--serial_mode", "--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "128",
           "--hidden_size", "64", "--seed", "1", "--train_for_env_steps", "20000", "--experiment", "same"]
@@ -60,8 +61,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("commit", help="the older commit")
     parser.add_argument("--flags", action="append", help="one configuration's flags (repeatable); default: six")
+    parser.add_argument("--before_flags", action="append",
+                        help="the same configuration spelt for the older commit, one per --flags, where a flag's "
+                             "spelling changed (e.g. --batch_size, the iteration before 2026-11-26, a minibatch after)")
     args = parser.parse_args()
     configs = args.flags or CONFIGS
+    before_configs = args.before_flags or configs
+    if len(before_configs) != len(configs):
+        parser.error("--before_flags: give one for every --flags")
     old = tempfile.mkdtemp(prefix="same_training_")
     subprocess.run(["git", "worktree", "add", "--detach", old, args.commit], cwd=REPO, check=True, capture_output=True)
     try:
@@ -72,8 +79,8 @@ def main() -> int:
         else:
             subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=old, check=True)
         different = 0
-        for config in configs:
-            before, after = train_and_hash(old, shlex.split(config)), train_and_hash(REPO, shlex.split(config))
+        for config, before_config in zip(configs, before_configs):
+            before, after = train_and_hash(old, shlex.split(before_config)), train_and_hash(REPO, shlex.split(config))
             same = before == after and not before.startswith("failed")
             different += not same
             print(f"{'SAME' if same else 'DIFFERENT'} | {config} | {args.commit}: {before} | here: {after}", flush=True)

@@ -387,10 +387,15 @@ def test_dmlab_takes_the_resnet_encoder_by_default():
     assert envs.env_defaults("doom_basic").get("encoder", "convnet_simple") == "convnet_simple"
 
 
-def test_num_batches_per_epoch_must_divide_the_trajectories_of_a_batch():
-    cfg = small_cfg(num_batches_per_epoch=3)  # 24 / 6 = 4 trajectories
-    assert any("--num_batches_per_epoch 3" in error for error in appo.config_errors(cfg))
-    assert not appo.config_errors(small_cfg(num_batches_per_epoch=2))
+def test_batch_size_and_num_batches_per_epoch_mean_what_they_mean_in_sample_factory():
+    """A Sample Factory Atari command line: minibatches of 256, 4 of them an iteration (1024 samples),
+    synchronous. Before, --batch_size was the iteration and this trained minibatches of 64."""
+    cfg = appo.parse_args(["--env", "atari_breakout", "--num_workers", "2", "--num_envs_per_worker", "4",
+                           "--batch_size", "256", "--num_batches_per_epoch", "4", "--async_rl=False"])
+    assert appo.samples_per_iteration(cfg) == 1024 and appo.trajectories_per_batch(cfg) == 8
+    assert cfg.async_rl is False and appo.config_errors(cfg) == []
+    three = small_cfg(num_batches_per_epoch=3)  # any count: each minibatch is 24 / 6 = 4 whole trajectories
+    assert appo.config_errors(three) == [] and appo.trajectories_per_batch(three) == 12
 
 
 # ---------------------------------------------------------------------------------------------
@@ -756,7 +761,7 @@ def publish_from_a_child(weights, cfg, results):
     (["--learning_rate", "-1"], "--learning_rate must be positive"),
     (["--lr_decay_frames", "0"], "--lr_decay_frames must be positive"),
     (["--no-async_rl", "--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "32", "--batch_size", "192"],
-     "--no-async_rl needs --batch_size to be a whole number of rollouts of every env"),
+     "--no-async_rl needs an iteration"),
     (["--no-async_rl", "--num_policies", "2"], "--no-async_rl is for one policy"),
 ])
 def test_bad_flags_fail_before_anything_starts(flags, message, capsys, tmp_path):
@@ -779,19 +784,21 @@ def test_a_synchronous_family_stays_synchronous_with_the_same_sgd_work_per_sampl
     Now the batch is the fewest rollouts of every env that hold the family's, in minibatches of
     the family's size: the same SGD steps per sample, a different number of samples per update."""
     cfg = appo.parse_args(["--env", env, "--num_workers", str(workers)])  # 2 envs per worker by default
-    one_rollout_of_every_env = workers * 2 * cfg.rollout
+    one_rollout_of_every_env, iteration = workers * 2 * cfg.rollout, appo.samples_per_iteration(cfg)
     assert cfg.async_rl is False and appo.config_errors(cfg) == []
-    assert cfg.batch_size % one_rollout_of_every_env == 0 and cfg.batch_size >= 1024
-    assert cfg.batch_size // cfg.num_batches_per_epoch == minibatch and cfg.num_epochs == epochs
-    assert cfg.batch_size - one_rollout_of_every_env < 1024  # no more rollouts than it takes
+    assert iteration % one_rollout_of_every_env == 0 and iteration >= 1024
+    assert cfg.batch_size == minibatch and cfg.num_epochs == epochs
+    assert iteration - one_rollout_of_every_env < 1024  # no more rollouts than it takes
     assert capsys.readouterr().out == ""  # nothing to note: the algorithm did not change
 
 
 def test_a_batch_of_your_own_is_kept_and_a_misfit_is_an_error_not_a_switch():
-    given = appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--batch_size", "1024"])
-    assert given.async_rl is False and given.batch_size == 1024
-    assert "--no-async_rl needs --batch_size" in " ".join(appo.config_errors(given))
-    assert appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--async_rl"]).batch_size == 1024
+    given = appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--num_batches_per_epoch", "4"])
+    assert given.async_rl is False and appo.samples_per_iteration(given) == 1024  # 3 x 2 x 128 = 768 a round
+    assert "--no-async_rl needs an iteration" in " ".join(appo.config_errors(given))
+    assert "--num_batches_per_epoch 3" in " ".join(appo.config_errors(given))  # the nearest that fits
+    asynchronous = appo.parse_args(["--env", "atari_breakout", "--num_workers", "3", "--async_rl"])
+    assert appo.samples_per_iteration(asynchronous) == 1024
     assert appo.parse_args(["--env", "doom_basic"]).async_rl  # Sample Factory's Doom default: asynchronous
 
 
@@ -893,7 +900,7 @@ def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_p
     2 minibatches: the run trains to its budget, checkpoints and leaves nothing behind."""
     tag = uuid.uuid4().hex
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
-               "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "128", "--hidden_size", "64",
+               "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64", "--hidden_size", "64",
                "--policy_workers_per_policy", "2", "--num_epochs", "2", "--num_batches_per_epoch", "2",
                "--train_for_env_steps", "20000", "--report_every_sec", "2", "--train_dir", str(tmp_path),
                "--experiment", "e2e", "--seed", "1"]
@@ -903,7 +910,7 @@ def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_p
     assert "with 5 processes" in run.stdout.splitlines()[0]  # a learner, two policy workers, two rollout workers
     trained = [int(value.replace(",", "")) for value in re.findall(r"trained ([\d,]+)", run.stdout)]
     assert trained and trained[-1] >= 20000
-    assert checkpoint_versions(tmp_path)[-1] * 128 * 4 >= 20000  # one policy version per batch
+    assert checkpoint_versions(tmp_path)[-1] * 64 * 2 * 4 >= 20000  # one policy version per iteration (2 x 64)
     assert processes_still_tagged(tag) == []
 
 

@@ -42,8 +42,8 @@ def test_the_benchmark_reads_sample_factorys_fps_line():
 
 @pytest.mark.parametrize("env_name, minibatch, minibatches, epochs, asynchronous", [
     ("doom_basic", 512, 1, 1, "True"),  # the Doom family: one SGD step a batch, collecting while training
-    # the Atari family: 4 epochs of 4 minibatches, synchronous (2 x 8 envs x 32 steps make one batch)
-    ("atari_breakout", 128, 4, 4, "False"),
+    # the Atari family: 4 epochs of 4 minibatches, synchronous (4 x 512 samples = 4 rollouts of 2 x 8 envs x 32 steps)
+    ("atari_breakout", 512, 4, 4, "False"),
 ])
 def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_name, minibatch, minibatches, epochs,
                                                                            asynchronous):
@@ -54,7 +54,7 @@ def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_na
     def last_value(flag):  # what Sample Factory's argparse keeps
         return command[len(command) - 1 - command[::-1].index(flag) + 1]
 
-    assert last_value("--batch_size") == str(minibatch)  # Sample Factory's batch is one minibatch
+    assert last_value("--batch_size") == str(minibatch)  # one minibatch, on both sides
     assert last_value("--num_batches_per_epoch") == str(minibatches)
     assert last_value("--num_epochs") == str(epochs)
     assert last_value("--async_rl") == asynchronous and last_value("--rollout") == "32"
