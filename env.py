@@ -85,7 +85,8 @@ class Family:
     make: Callable[[str, object, int, "str | None"], gym.Env]  # (name, cfg, env_index, render_mode)
     known: tuple[str, ...]  # its names, or their pattern, for the unknown-env message
     problem: Callable[[str, object], Problem] = lambda name, cfg: None  # cfg may be None: flags not parsed yet
-    flag_defaults: dict = field(default_factory=dict)  # appo.py's flag defaults for it; {}: appo.py's own
+    # appo.py's flag defaults for it ({}: appo.py's own), or a function of the env name giving them
+    flag_defaults: "dict | Callable[[str], dict]" = field(default_factory=dict)
     game_fps: Callable[[str], float] = lambda name: 60.0
     num_agents: Callable[[str], "int | None"] = lambda name: 1  # None: known only once one is made
     add_flags: Callable[[object], None] = lambda group: None  # declares its flags in appo.py's env group
@@ -146,7 +147,8 @@ def env_defaults(name: str) -> dict:
     problem = _env_problem(name)
     if problem is not None and problem[0] is ValueError:  # an unknown name, not a missing package
         return {}
-    return dict(family_of(name).flag_defaults)
+    defaults = family_of(name).flag_defaults
+    return dict(defaults(name) if callable(defaults) else defaults)
 
 
 def env_error(name: str, cfg=None) -> str | None:
@@ -1975,23 +1977,46 @@ def gym_flag_errors(cfg) -> list[str]:
     return []
 
 
+# sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for gym:
+# envs that observe vectors (its policy is a Gaussian on a Box, categoricals otherwise). Not taken:
+# its KL penalty (kl_loss_coeff 0.1); appo.py has none.
+GYM_VECTOR_DEFAULTS = {
+    "env_frameskip": 1, "gamma": DEFAULT_GAMMA, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh",
+    "hidden_size": 64, "rnn_type": "none", "rollout": 64, "batch_size": 256, "num_epochs": 2,
+    "num_batches_per_epoch": 4, "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3,
+    "exploration_loss_coeff": 0.0, "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5,
+    "normalize_input": True, "async_rl": False,
+    "train_for_env_steps": 10_000_000,  # mujoco_params.py's budget, and so its schedule's horizon
+}
+# gym: envs that observe images: appo.py's own defaults, Sample Factory's cfg.py configuration for
+# pixels (the conv encoder, a GRU, asynchronous collection), one step per action
+GYM_IMAGE_DEFAULTS = {"env_frameskip": 1, "gamma": DEFAULT_GAMMA}
+
+
+@functools.lru_cache(maxsize=None)
+def _gym_observes_images(name: str) -> bool:
+    """Does gym:<id> observe images (an H x W x C uint8 Box, alone or in a Dict)? Its registry
+    entry does not say, so one env is made and closed; one that cannot be made counts as a vector
+    env (the family's problem check names what is wrong)."""
+    try:
+        env = gym.make(name[len("gym:"):])
+    except Exception:
+        return False
+    try:
+        space = env.observation_space
+    finally:
+        env.close()
+    subspaces = space.spaces.values() if isinstance(space, spaces.Dict) else [space]
+    return any(isinstance(subspace, spaces.Box) and _is_image_space(subspace) for subspace in subspaces)
+
+
 GYM = Family(
     title="the gym: family",
     matches=_is_gym_name,
     make=make_gym_env,
     known=("gym:<id> (any registered Gymnasium env)",),
     problem=_gym_problem,
-    # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for
-    # every gym: env (its policy is a Gaussian on a Box, categoricals otherwise). Not taken: its KL
-    # penalty (kl_loss_coeff 0.1); appo.py has none.
-    flag_defaults={
-        "env_frameskip": 1, "gamma": DEFAULT_GAMMA, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh",
-        "hidden_size": 64, "rnn_type": "none", "rollout": 64, "batch_size": 256, "num_epochs": 2,
-        "num_batches_per_epoch": 4, "with_vtrace": False, "ppo_clip_ratio": 0.2, "value_loss_coeff": 1.3,
-        "exploration_loss_coeff": 0.0, "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5,
-        "normalize_input": True, "async_rl": False,
-        "train_for_env_steps": 10_000_000,  # mujoco_params.py's budget, and so its schedule's horizon
-    },
+    flag_defaults=lambda name: GYM_IMAGE_DEFAULTS if _gym_observes_images(name) else GYM_VECTOR_DEFAULTS,
     game_fps=_gym_game_fps,
     add_flags=add_gym_flags,
     flag_errors=gym_flag_errors,

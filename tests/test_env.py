@@ -571,3 +571,12 @@ def test_gym_names_that_cannot_work_are_flag_errors():
     assert "--env_frameskip 4" in env_error("gym:CartPole-v1", flags(env_frameskip=4))
     assert env_error("gym:CartPole-v1", flags(env_frameskip=1)) is None
     assert env_defaults("gym:CartPole-v1")["env_frameskip"] == 1
+
+
+def test_a_gym_env_gets_the_defaults_of_what_it_observes():
+    """Vectors: Sample Factory's continuous-control configuration (an MLP with tanh, synchronous);
+    images: appo.py's own, Sample Factory's configuration for pixels (conv encoder, GRU,
+    asynchronous). Before, every gym: id got the MLP family's, images too."""
+    assert env_defaults("gym:CartPole-v1") == envs.GYM_VECTOR_DEFAULTS
+    pixels = env_defaults("gym:ale_py:ALE/Pong-v5")  # ale_py registers its ids when imported
+    assert pixels == envs.GYM_IMAGE_DEFAULTS and "encoder_mlp_layers" not in pixels and "async_rl" not in pixels
