@@ -513,7 +513,8 @@ def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
     known before making one (num_agents None: a registered env, checked again after the probe)."""
     if cfg.num_policies > 1 or cfg.past_opponents_fraction > 0:
         return ["--no-async_rl is for one policy: with several (or past opponents) an env's agents feed "
-                "different learners, and no one batch waits for them all; drop --no-async_rl"]
+                "different learners, and no one batch waits for them all; drop --no-async_rl, or pass "
+                "--async_rl where it is the env family's default"]
     if num_agents is None:
         return []
     samples, iteration = samples_per_rollout_of_every_env(cfg, num_agents), samples_per_iteration(cfg)
@@ -1717,6 +1718,44 @@ class Actor:
         # the policy version that acted its last handed-off slot, and how many slots in a row it acted
         self.handed_version, self.handed_count = -1, 0
 
+    def handed_off(self, version: int):
+        self.handed_count = self.handed_count + 1 if version == self.handed_version else 1
+        self.handed_version = version
+
+
+class SyncGate:
+    """--no-async_rl for one rollout worker: once every actor of a split has handed off its share
+    of a batch (rollouts_per_batch rollouts, acted by the latest weights), the split is parked,
+    asking for no actions, until the learner publishes the weights trained on that batch. With
+    --async_rl the gate never closes and a split always goes on."""
+
+    def __init__(self, cfg, split_actors: list[list[Actor]], learner_version: np.ndarray, num_agents: int):
+        self.asynchronous = cfg.async_rl
+        self.rollouts_per_batch = rollouts_per_batch(cfg, num_agents)
+        self.split_actors, self.learner_version = split_actors, learner_version
+        self.parked: list[int] = []
+
+    def has_share_of_batch(self, split: int) -> bool:
+        """Has every actor of the split handed off its share of a batch, acted by the latest weights?
+        Only when all of them have: an actor that restarted its slot (its env was remade after a
+        fault) must not be held back, or its slot would be missing from the batch everyone waits for."""
+        return all(actor.step == 0 and actor.handed_count >= self.rollouts_per_batch
+                   and actor.handed_version >= int(self.learner_version[actor.policy_id])
+                   for actor in self.split_actors[split])
+
+    def lets_go(self, split: int) -> bool:
+        """After a step of the split: may it ask for its next actions? If not, it is parked."""
+        if self.asynchronous or not self.has_share_of_batch(split):
+            return True
+        self.parked.append(split)
+        return False
+
+    def released(self) -> list[int]:
+        """The parked splits whose new weights have arrived, no longer parked."""
+        released = [split for split in self.parked if not self.has_share_of_batch(split)]
+        self.parked = [split for split in self.parked if split not in released]
+        return released
+
 
 def env_action(action_space, action_row: np.ndarray):
     if isinstance(action_space, spaces.Discrete):
@@ -1766,9 +1805,8 @@ class RolloutWorker:
         self.episodes_per_env = [0] * len(self.envs)
         self.past_policy = past_policy_id(cfg)
         self.has_reward_shaping = any(name.startswith("reward/") for name in shared.hyperparams.names)
-        # --no-async_rl: each actor's share of a batch, and the splits waiting for the weights trained on theirs
-        self.rollouts_per_batch = rollouts_per_batch(cfg, num_agents=len(self.actors) // len(self.envs))
-        self.parked: list[int] = []
+        self.gate = SyncGate(cfg, self.split_actors, shared.run.learner_version,
+                             num_agents=len(self.actors) // len(self.envs))
 
     def make_env(self, env_id: int):
         self.shared.run.beat(self.process_index)  # env creation can be slow (DMLab compiles levels)
@@ -1854,9 +1892,7 @@ class RolloutWorker:
         # The next slot starts from a copy: once handed off, the full slot may be trained on, freed
         # and taken by another worker while this one still waits for a free slot.
         carried = {key: self.arrays[key][full_slot, last_step].copy() for key in self.obs_keys + ["rnn_state"]}
-        version = int(self.arrays["policy_version"][full_slot, last_step - 1])
-        actor.handed_count = actor.handed_count + 1 if version == actor.handed_version else 1
-        actor.handed_version = version
+        actor.handed_off(int(self.arrays["policy_version"][full_slot, last_step - 1]))
         # The slot stays this worker's until the learner takes it (Learner.claim): a death at any
         # line here leaves it either reclaimable by the runner or on its way to the learner.
         self.shared.learner_queues[actor.policy_id].put(
@@ -1869,28 +1905,13 @@ class RolloutWorker:
 
     def ask_for_actions(self, split: int):
         """After a step of the split: its next actions, unless --no-async_rl parks it until new weights."""
-        if self.cfg.async_rl or not self.has_share_of_batch(split):
+        if self.gate.lets_go(split):
             self.request_actions(split)
-        else:
-            self.parked.append(split)
-
-    def has_share_of_batch(self, split: int) -> bool:
-        """--no-async_rl: has every actor of the split handed off its share of a batch, acted by the
-        latest weights? Then its next rollout waits for the weights trained on that batch. Only when
-        all of them have: an actor that restarted its slot (its env was remade after a fault) must
-        not be held back, or its slot would be missing from the batch that everyone waits for."""
-        learner_version = self.shared.run.learner_version
-        return all(actor.step == 0 and actor.handed_count >= self.rollouts_per_batch
-                   and actor.handed_version >= int(learner_version[actor.policy_id])
-                   for actor in self.split_actors[split])
 
     def resume_parked(self):
         """Asks for the actions of every parked split whose new weights have arrived."""
-        waiting = [split for split in self.parked if self.has_share_of_batch(split)]
-        for split in self.parked:
-            if split not in waiting:
-                self.request_actions(split)
-        self.parked = waiting
+        for split in self.gate.released():
+            self.request_actions(split)
 
     def step_split(self, split: int) -> bool:
         frames = 0
@@ -1989,7 +2010,7 @@ class RolloutWorker:
             self.resend_lost_requests()
             self.resume_parked()
             # a parked split waits for the learner, which wakes no one: look again soon
-            split = self.slots.control.wait_any(self.worker_id, timeout=0.001 if self.parked else 0.5)
+            split = self.slots.control.wait_any(self.worker_id, timeout=0.001 if self.gate.parked else 0.5)
             if split is None:
                 continue
             if not self.step_split(split):

@@ -104,7 +104,9 @@ def register_env(name: str, factory: EnvFactory, *, flag_defaults: dict | None =
     """Make `create_env(name, ...)` call `factory(cfg, env_index, render_mode)`.
 
     Registered names win over the built-in families. `flag_defaults` are appo.py flag defaults for
-    this env (without them appo.py's own apply); `problem(cfg)`, asked with the parsed flags, returns
+    this env; without them it gets those of what it observes (one env is made with no flags and
+    closed to see): vectors the gym: family's (GYM_VECTOR_DEFAULTS), images, or an env that cannot
+    be made without flags, appo.py's own; `problem(cfg)`, asked with the parsed flags, returns
     a one-line reason why the env cannot be made here (naming the fix), or None; `num_agents`, if
     given, lets appo.py check flags against it before making one; `game_fps` sets the speed of
     evaluation videos.
@@ -116,11 +118,30 @@ def register_env(name: str, factory: EnvFactory, *, flag_defaults: dict | None =
         make=lambda env_name, cfg, env_index, render_mode: factory(cfg, env_index, render_mode),
         known=(name,),
         problem=lambda env_name, cfg: _registered_problem(problem, cfg),
-        flag_defaults=dict(flag_defaults or {}),
+        flag_defaults=dict(flag_defaults) if flag_defaults is not None else _by_observations(factory),
         game_fps=lambda env_name: game_fps,
         num_agents=lambda env_name: num_agents,
         registered=True,
     ))
+
+
+def _by_observations(factory: EnvFactory) -> Callable[[str], dict]:
+    """A registered env's defaults when it declares none: those of what it observes, found once."""
+    @functools.lru_cache(maxsize=None)
+    def defaults(env_name: str) -> dict:
+        try:
+            env = factory(None, 0, None)
+        except Exception:  # it needs its flags: appo.py's own defaults
+            return {}
+        try:
+            space = env.observation_space
+        finally:
+            env.close()
+        subspaces = space.spaces.values() if isinstance(space, spaces.Dict) else [space]
+        images = any(isinstance(subspace, spaces.Box) and subspace.dtype == np.uint8 and len(subspace.shape) == 3
+                     for subspace in subspaces)
+        return {} if images else dict(GYM_VECTOR_DEFAULTS)
+    return defaults
 
 
 def _registered_problem(problem: Callable[[object], "str | None"] | None, cfg) -> Problem:

@@ -356,7 +356,8 @@ def test_register_env(monkeypatch, no_deepmind_lab):
     env = create_env("dmlab_my_level", cfg, env_index=3, render_mode="rgb_array")
     assert calls == [(cfg, 3, "rgb_array")]
     assert get_num_agents(env) == 1
-    assert env_defaults("dmlab_my_level") == {}
+    assert env_defaults("dmlab_my_level") == envs.GYM_VECTOR_DEFAULTS  # it declared none: those of vectors
+    assert calls[1:] == [(None, 0, None)]  # one env made with no flags to see what it observes
     assert "dmlab_my_level" in env_error("nope")
     env.close()
 
@@ -372,7 +373,7 @@ def test_a_registered_env_carries_its_own_defaults_and_check(monkeypatch):
     with pytest.raises(ValueError, match="needs --seed"):
         create_env("my_env", flags(seed=None))
     register_env("my_env", lambda cfg, env_index, render_mode: gym.make("CartPole-v1"))  # again: replaces it
-    assert env_defaults("my_env") == {} and env_error("my_env", flags(seed=None)) is None
+    assert env_defaults("my_env") == envs.GYM_VECTOR_DEFAULTS and env_error("my_env", flags(seed=None)) is None
     assert sum(family.known == ("my_env",) for family in envs.FAMILIES) == 1
 
 
@@ -580,3 +581,13 @@ def test_a_gym_env_gets_the_defaults_of_what_it_observes():
     assert env_defaults("gym:CartPole-v1") == envs.GYM_VECTOR_DEFAULTS
     pixels = env_defaults("gym:ale_py:ALE/Pong-v5")  # ale_py registers its ids when imported
     assert pixels == envs.GYM_IMAGE_DEFAULTS and "encoder_mlp_layers" not in pixels and "async_rl" not in pixels
+
+
+def test_a_registered_env_without_defaults_gets_those_of_what_it_observes(monkeypatch):
+    monkeypatch.setattr(envs, "FAMILIES", list(envs.FAMILIES))
+    register_env("my_pixels", lambda cfg, env_index, render_mode: envs.create_env("gym:ale_py:ALE/Pong-v5", cfg))
+    register_env("my_vectors", lambda cfg, env_index, render_mode: gym.make("CartPole-v1"))
+    register_env("needs_flags", lambda cfg, env_index, render_mode: gym.make(cfg.my_id))
+    assert env_defaults("my_pixels") == {}  # appo.py's own: conv encoder, GRU, asynchronous
+    assert env_defaults("my_vectors") == envs.GYM_VECTOR_DEFAULTS
+    assert env_defaults("needs_flags") == {}  # cannot be made without its flags: appo.py's own
