@@ -2858,10 +2858,10 @@ class StopRequested(Exception):
     pass
 
 
-def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun"], None] | None = None) -> int:
+def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] | None = None) -> int:
     """Runs a whole training; returns the process exit code. `watch`, if given, is called every
-    round of the runner's loop with the shared state and the workers (scripts/chaos.py kills
-    processes from there and checks that the run recovers)."""
+    round of the runner's loop with the shared state, the workers and the runner's stats
+    (scripts/chaos.py kills processes from there and checks that the run recovers)."""
     if cfg.serial_mode:  # before any weights are drawn: the thread count can change their last bits
         torch.set_num_threads(cfg.learner_threads)
     seed_drawn = cfg.seed is None
@@ -2920,7 +2920,7 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun"], None] | None 
                 break
             stats.restarts = workers.num_restarts
             if watch is not None:
-                watch(shared, workers)
+                watch(shared, workers, stats)
             if population is not None:
                 population.step(stats, shared)
             if past_policy_id(cfg) is not None and now >= next_past_opponent:

@@ -1,11 +1,15 @@
-"""Chaos run: a real doom_basic training while a killer SIGKILLs its processes, and a report of
-what the run lost (it should be nothing).
+"""Chaos run: a real training while a killer SIGKILLs its processes, and a report of what the run
+lost (it should be nothing).
 
     python scripts/chaos.py                       # 10 minutes, a kill every ~5 s (the README's figures)
     python scripts/chaos.py --minutes 1 --kill_every 2 --json chaos.json
+    python scripts/chaos.py --config synchronous  # atari_breakout, synchronous collection
 
 The run: 2 rollout workers x 2 splits, 2 policy workers, one learner (appo.train in this process;
-the killer runs in its `watch` callback). Every kill picks one of:
+the killer runs in its `watch` callback), on doom_basic collecting asynchronously (--config
+asynchronous, the default) or on atari_breakout collecting synchronously, its family's default
+(--config synchronous: splits park until the weights trained on their batch arrive, and the
+policy lag must stay 0). Every kill picks one of:
 - a rollout worker, a policy worker or a VizDoom game process, at a random instant;
 - a policy worker at an instant a rollout worker holds a split (it is stepping that split's envs):
   the requests it sends next go into the queues the runner drains, and are asked again, so the
@@ -22,6 +26,7 @@ It checks, and prints:
 - no slot lost: at the end, once every process has stopped, the learner has released what it held
   and the dead rollout workers' slots are reclaimed, every slot is free;
 - restarts: one per killed worker, none for any other reason (a torn message, an exception);
+- synchronous collection: the policy lag the learner reports never rises above 0;
 - a clean exit: exit code 0, no process of the run left, no new /dev/shm entry.
 Exit status 0 when every check holds, 1 otherwise. The run's folder (a temporary directory: its
 checkpoint, logs and TensorBoard files, about 34 MB) is deleted when every check holds and kept,
@@ -46,6 +51,10 @@ import appo  # noqa: E402
 IDLE = -1  # SlotControl.pending of a split its rollout worker holds (it is stepping its envs)
 KINDS = ("rollout worker", "policy worker", "game process", "policy worker while a split steps",
          "rollout worker with a slot in flight")
+CONFIGS = {  # the env and its collection; ALE runs in the rollout worker, so Atari has no game process
+    "asynchronous": ["--env", "doom_basic"],
+    "synchronous": ["--env", "atari_breakout", "--rollout", "32", "--batch_size", "64"],  # 4 x 64 = 2 x 4 x 32
+}
 
 
 def children_of(pid: int) -> list[int]:
@@ -95,17 +104,19 @@ class Killer:
         self.learner_moved: tuple[int, float] | None = None  # (frames trained, when they last rose)
         self.longest_learner_pause = 0.0
         self.lowest_counter = 0
+        self.highest_lag = 0.0  # the learner's reported lag_max (stays 0 with synchronous collection)
         self.shared = self.workers = None
 
-    def __call__(self, shared, workers):
+    def __call__(self, shared, workers, stats):
         now = time.monotonic()
         self.shared, self.workers = shared, workers
+        self.highest_lag = max(self.highest_lag, stats.learner[0].get("lag_max", 0.0))
         if self.started is None:
             self.started = now
             self.next_kill = now + self.args.warmup_s
         self.keep_books(shared, now)
         if now >= self.next_kill and now < self.started + self.args.minutes * 60 - self.args.quiet_end_s:
-            kind = self.rng.choice(KINDS)
+            kind = self.rng.choice([kind for kind in KINDS if kind != "game process" or self.cfg.env.startswith("doom")])
             if self.kill(kind, shared, workers):
                 self.kills[kind] += 1
             self.next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.args.kill_every
@@ -188,10 +199,12 @@ def main() -> int:
     parser.add_argument("--quiet_end_s", type=float, default=20.0, help="no kill in the run's last seconds")
     parser.add_argument("--seed", type=int, default=0, help="the killer's random choices")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="asynchronous",
+                        help="asynchronous: doom_basic; synchronous: atari_breakout, its family's synchronous default")
     args = parser.parse_args()
 
     train_dir = tempfile.mkdtemp(prefix="appo_chaos_")
-    cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2", "--num_envs_per_worker", "4",
+    cfg = appo.parse_args([*CONFIGS[args.config], "--num_workers", "2", "--num_envs_per_worker", "4",
                            "--worker_num_splits", "2", "--policy_workers_per_policy", "2",
                            "--train_for_seconds", str(args.minutes * 60), "--max_restarts", "1000000",
                            "--report_every_sec", "30", "--train_dir", train_dir, "--experiment", "chaos"])
@@ -202,6 +215,9 @@ def main() -> int:
     shm_before = shm_entries()
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # the code this run loads
+    uncommitted = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "appo.py", "env.py", "csrc",
+                                  "scripts/chaos.py"], capture_output=True, text=True).stdout.split("\n")
+    uncommitted = [line[3:] for line in uncommitted if line.strip()]  # files that differ from the commit
     killer = Killer(args, cfg)
     started = time.monotonic()
     exit_code = appo.train(cfg, watch=killer)
@@ -213,7 +229,8 @@ def main() -> int:
     restarts = killer.workers.num_restarts
     worker_kills = sum(count for kind, count in killer.kills.items() if kind != "game process")
     figures = {
-        "commit": commit,
+        "commit": commit, "uncommitted": uncommitted, "config": args.config, "env": cfg.env, "async_rl": cfg.async_rl,
+        "highest_policy_lag": killer.highest_lag,
         "minutes": round(minutes, 2), "kills": sum(killer.kills.values()), "kills_by_kind": dict(killer.kills),
         "restarts": restarts, "unexpected_restarts": max(0, restarts - worker_kills),
         "stalled_splits": len(killer.stalled_splits), "longest_split_silence_s": round(killer.longest_split_silence, 1),
@@ -225,9 +242,11 @@ def main() -> int:
     }
     ok = (figures["stalled_splits"] == 0 and figures["longest_learner_pause_s"] <= args.stall_s
           and figures["lowest_split_counter"] >= IDLE and lost == 0 and with_learner == 0
-          and figures["unexpected_restarts"] == 0 and exit_code == 0 and not left and not new_shm)
+          and figures["unexpected_restarts"] == 0 and exit_code == 0 and not left and not new_shm
+          and (cfg.async_rl or killer.highest_lag == 0))
     by_kind = ", ".join(f"{kind} {count}" for kind, count in killer.kills.items())
-    print(f"\nchaos run: doom_basic, 2 rollout workers x 2 splits, 2 policy workers, {minutes:.1f} min, "
+    collection = "asynchronous" if cfg.async_rl else "synchronous"
+    print(f"\nchaos run: {cfg.env} ({collection}), 2 rollout workers x 2 splits, 2 policy workers, {minutes:.1f} min, "
           f"commit {figures['commit']}")
     print(f"  kills survived       {figures['kills']} ({by_kind})")
     print(f"  restarts             {restarts} (unexpected: {figures['unexpected_restarts']})")
@@ -236,6 +255,7 @@ def main() -> int:
     print(f"  learner              {figures['learner_frames']:,} frames trained, longest pause "
           f"{figures['longest_learner_pause_s']} s")
     print(f"  split counters       lowest {figures['lowest_split_counter']} (idle is -1)")
+    print(f"  policy lag           highest {killer.highest_lag:g}" + ("" if cfg.async_rl else " (synchronous: must stay 0)"))
     print(f"  slots lost           {lost} of {figures['num_slots']} ({with_learner} left with the learner)")
     print(f"  exit                 code {exit_code}, processes left {len(left)}, /dev/shm entries left {len(new_shm)}")
     print("  result               " + ("every check holds" if ok else "FAILED"))

@@ -124,14 +124,20 @@ class Run:
             time.sleep(0.2)
 
 
+# Both ways of collecting: the default asynchronous one, and synchronous collection (the Atari and
+# gym: families' default: splits park until the weights trained on their batch arrive)
+COLLECTION = pytest.mark.parametrize("collection", [[], ["--no-async_rl"]], ids=["asynchronous", "synchronous"])
+
+
 def trained_frames(line: str) -> int:
     return int(re.search(r"trained ([\d,]+)", line).group(1).replace(",", ""))
 
 
 @pytest.mark.slow
-def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path):
+@COLLECTION
+def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path, collection):
     # env 0 lives in rollout worker 0, env 2 in rollout worker 1
-    run = Run(tmp_path, ["--train_for_seconds", "60"], faults="raise:0:20,crash:2:20", env="doom_faulty")
+    run = Run(tmp_path, ["--train_for_seconds", "60", *collection], faults="raise:0:20,crash:2:20", env="doom_faulty")
     try:
         index, _ = run.wait_for(r"faults: env 2 ")
         before = trained_frames(run.lines[run.wait_for(r"trained", after=index)[0]])
@@ -162,8 +168,9 @@ def test_a_hung_env_gets_its_worker_killed_and_restarted(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(tmp_path):
-    run = Run(tmp_path, ["--train_for_seconds", "120"])
+@COLLECTION
+def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(tmp_path, collection):
+    run = Run(tmp_path, ["--train_for_seconds", "120", *collection])
     try:
         run.wait_for_training()
         os.kill(run.children("rollout")[0], signal.SIGKILL)
