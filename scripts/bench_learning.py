@@ -81,6 +81,14 @@ SYSTEM = {
 }
 # Sample Factory's launchers (scripts/setup_sample_factory.sh installs the two sf_train_* modules).
 SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
+# Sample Factory's configurations the bench knows by name (--sf_config): its own published one for
+# each family, and its published one with each setting that appo.py's family defaults took from
+# appo.py's own measurement rather than from Sample Factory's configuration, so that a comparison
+# can give Sample Factory what appo.py was given.
+SF_CONFIGS = {
+    "published": [],  # cfg.py with doom_params.py or atari_params.py
+    "doom_batch_512": ["--batch_size", "512"],  # the Doom family's batch (Sample Factory's is 1024)
+}
 # Where Sample Factory spells a game otherwise (its sf_examples/atari/atari_utils.py ATARI_ENVS).
 SF_ENV_NAMES = {"atari_space_invaders": "atari_spaceinvaders"}
 # Where a Sample Factory Doom env sets no true objective, its avg_true_objective is the sum of the
@@ -142,8 +150,11 @@ def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
     if trainer == "appo":
         config.update(extra_flags=args.appo_flags.split(), code=appo_code_hash())
     else:
-        config.update(extra_flags=args.sf_flags.split(), launcher=SF_MODULES[family(env_name)],
+        config.update(extra_flags=SF_CONFIGS[args.sf_config] + args.sf_flags.split(),
+                      launcher=SF_MODULES[family(env_name)],
                       setup=code_hash([os.path.join(REPO, "scripts", "setup_sample_factory.sh")]))
+        if args.sf_config != "published":  # saved results of the published one keep their key
+            config["sf_config"] = args.sf_config
     return config
 
 
@@ -596,6 +607,9 @@ def parse_args(argv=None):
     parser.add_argument("--frames", type=int, default=None, help="frame budget for every env (default: SUITE's)")
     parser.add_argument("--appo_flags", default="",
                         help="extra appo.py flags, part of the saved configuration: --appo_flags=\"--batch_size 512\"")
+    parser.add_argument("--sf_config", choices=sorted(SF_CONFIGS), default="published",
+                        help="which of Sample Factory's configurations: its published one, or with one of "
+                             "the settings appo.py's defaults took from appo.py's own measurement (SF_CONFIGS)")
     parser.add_argument("--sf_flags", default="",
                         help="extra Sample Factory flags, part of the saved configuration: --sf_flags=\"--batch_size 512\"")
     parser.add_argument("--results_dir", default=os.path.join(REPO, "docs", "bench", "learning"),

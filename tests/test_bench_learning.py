@@ -1,5 +1,6 @@
 """scripts/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
 table's figures from hand-made runs, the task probe on real VizDoom, and a real run's clean-up."""
+import json
 import os
 import sys
 import uuid
@@ -168,3 +169,18 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     assert all(frame % (batch_size * 4) == 0 for frame in frames)  # whole batches of steps x frameskip 4: trained, not collected
     assert processes_tagged(tag) == [] and bench.shm_entries() <= shm_before
     assert not os.path.exists(os.path.join(tmp_path, "doom_basic", "appo_seed1.log"))
+
+
+def test_a_named_sample_factory_configuration_is_part_of_the_saved_configuration():
+    """--sf_config doom_batch_512 gives Sample Factory the batch the Doom family took from appo.py's
+    own measurement; the published configuration keeps the key of the results saved before."""
+    flags = ["--envs", "doom_defend_the_center", "--trainers", "sf", "--sf_python", sys.executable]
+    published = bench.run_config(bench.parse_args(flags), "sf", "doom_defend_the_center", 1)
+    tuned = bench.run_config(bench.parse_args(flags + ["--sf_config", "doom_batch_512"]), "sf",
+                             "doom_defend_the_center", 1)
+    assert "sf_config" not in published and published["extra_flags"] == []
+    assert tuned["sf_config"] == "doom_batch_512" and tuned["extra_flags"] == ["--batch_size", "512"]
+    assert bench.config_key(published) != bench.config_key(tuned)
+    saved = json.loads(open(os.path.join(bench.REPO, "docs", "bench", "learning", "doom_defend_the_center",
+                                         "sf_seed1.json")).read())
+    assert saved["key"] == bench.config_key(published)  # still the run the bench would make: reused, not re-run

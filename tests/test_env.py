@@ -335,6 +335,21 @@ def test_env_defaults():
     assert doom == {**expected, **envs.DOOM.flag_defaults}
     assert doom["batch_size"] == 512 and doom["normalize_input"] and not doom["with_vtrace"]
     assert env_defaults("atari_pong") == env_defaults("atari_breakout") == {**expected, **envs.ATARI.flag_defaults}
+    # the published configurations they come from, value by value (a change must change this test)
+    atari = env_defaults("atari_breakout")  # atari_params.py, CleanRL's ppo_atari.py for Adam's eps
+    assert {key: atari[key] for key in ("rnn_type", "encoder", "rollout", "batch_size", "num_batches_per_epoch",
+                                        "num_epochs", "learning_rate", "lr_schedule", "max_grad_norm", "adam_eps",
+                                        "exploration_loss_coeff", "async_rl", "train_for_env_steps")} == {
+        "rnn_type": "none", "encoder": "convnet_atari", "rollout": 128, "batch_size": 256, "num_batches_per_epoch": 4,
+        "num_epochs": 4, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay", "max_grad_norm": 0.5,
+        "adam_eps": 1e-5, "exploration_loss_coeff": 0.01, "async_rl": False, "train_for_env_steps": 40_000_000}
+    vectors = env_defaults("gym:CartPole-v1")  # mujoco_params.py
+    assert {key: vectors[key] for key in ("encoder_mlp_layers", "nonlinearity", "rollout", "batch_size",
+                                          "num_batches_per_epoch", "num_epochs", "learning_rate", "value_loss_coeff",
+                                          "max_grad_norm", "train_for_env_steps")} == {
+        "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh", "rollout": 64, "batch_size": 256,
+        "num_batches_per_epoch": 4, "num_epochs": 2, "learning_rate": 0.00295, "value_loss_coeff": 1.3,
+        "max_grad_norm": 3.5, "train_for_env_steps": 10_000_000}
     assert env_defaults("doom_duel") == envs.DOOM_MATCH_DEFAULTS  # the matches keep their own
     assert env_defaults("dmlab_30") == {**expected, "encoder": "resnet"}
     assert env_defaults("no_such_env") == {}

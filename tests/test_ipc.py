@@ -364,18 +364,27 @@ def test_split_flags_report_the_split_whose_actions_all_arrived(spawn):
 
 
 def test_close_wakes_waiters_on_slots():
+    """Both kinds of sleeper: a worker in wait_any (no split ready) and an acquirer (no slot free)."""
     slots = appo_ipc.SlotControl(num_slots=1, num_workers=1, num_splits=1)
     slots.acquire(owner=0)
     slots.set_pending(0, 0, 1)
     results = []
-    waiters = [threading.Thread(target=lambda: results.append(slots.wait_any(0))),
-               threading.Thread(target=lambda: results.append(("acquire", slots.acquire(owner=1))))]
-    for waiter in waiters[:1]:
+
+    def acquire():
+        try:
+            results.append(("acquired", slots.acquire(owner=1)))
+        except appo_ipc.Closed:
+            results.append("acquire: Closed")
+
+    waiters = [threading.Thread(target=lambda: results.append(slots.wait_any(0))), threading.Thread(target=acquire)]
+    for waiter in waiters:
         waiter.start()
-    wait_until(lambda: slots.sleepers == 1, "wait_any sleeps")
+    wait_until(lambda: slots.sleepers == 2, "wait_any and acquire sleep")
     slots.close()
-    waiters[0].join(timeout=5)
-    assert results == [None]
+    for waiter in waiters:
+        waiter.join(timeout=5)
+    assert not any(waiter.is_alive() for waiter in waiters)
+    assert sorted(results, key=str) == sorted([None, "acquire: Closed"], key=str)
     with pytest.raises(appo_ipc.Closed):
         slots.acquire(owner=1)
 
