@@ -2064,7 +2064,7 @@ def leave_nothing_behind(runner: int, run: RunState):
     remove the CUDA IPC files that its processes would have (the rollout workers are the last out)."""
     kill_process_group(os.getpid(), spare=os.getpid())
     if not parent_alive(runner):
-        remove_files(cuda_ipc_files([runner, *run.pids]))
+        remove_files(cuda_ipc_files([runner, *run.pids]) + envs.orphaned_shared_memory())
 
 
 # =============================================================================================
@@ -2979,7 +2979,7 @@ def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0, learne
     for q in shared.request_queues + shared.learner_queues + [shared.stats_queue]:
         q.close()
     remove_files(cuda_ipc_files([child.process.pid for child in children]) +
-                 cuda_ipc_files([os.getpid()], reference_counters=False))
+                 cuda_ipc_files([os.getpid()], reference_counters=False) + envs.orphaned_shared_memory())
 
 
 # =============================================================================================

@@ -223,6 +223,31 @@ def shared_memory_of(pids: list[int]) -> list[str]:
     return paths
 
 
+def orphaned_shared_memory(older_than_s: float = 5.0) -> list[str]:
+    """VizDoom segments in /dev/shm that no running game names on its command line, made more than
+    `older_than_s` ago (a game being started has its segments a moment before its process).
+
+    A rollout worker killed inside VizDoom's init, after it made a message queue and before it
+    started the game, leaves one that no process tells of (the chaos run once left one): the
+    runner sweeps them when it stops, and the rollout workers when the runner was killed."""
+    if not os.path.isdir("/dev/shm"):
+        return []
+    named = {os.path.basename(path) for path in shared_memory_of([int(pid) for pid in os.listdir("/proc")
+                                                                   if pid.isdigit()])}
+    orphans, now = [], time.time()
+    for name in os.listdir("/dev/shm"):
+        path = os.path.join("/dev/shm", name)
+        if not name.startswith(("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")) or name in named:
+            continue
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue  # removed meanwhile
+        if info.st_uid == os.getuid() and now - info.st_mtime > older_than_s:
+            orphans.append(path)  # another user's are theirs to remove
+    return orphans
+
+
 def get_num_agents(env: gym.Env) -> int:
     """Number of agents acting in `env` (1 unless the env says otherwise)."""
     num_agents = getattr(env, "num_agents", None)

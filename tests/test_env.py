@@ -5,6 +5,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -606,3 +607,25 @@ def test_a_registered_env_without_defaults_gets_those_of_what_it_observes(monkey
     assert env_defaults("my_pixels") == {}  # appo.py's own: conv encoder, GRU, asynchronous
     assert env_defaults("my_vectors") == envs.GYM_VECTOR_DEFAULTS
     assert env_defaults("needs_flags") == {}  # cannot be made without its flags: appo.py's own
+
+
+def test_vizdoom_segments_that_no_game_names_are_orphans_once_old_enough():
+    """What a rollout worker killed inside VizDoom's init leaves (the chaos run once left a
+    ViZDoomMQDoom<id> of a game that never started): no process names it, so no kill finds it."""
+    old, fresh = "/dev/shm/ViZDoomMQDoomtestOrphanOld", "/dev/shm/ViZDoomMQDoomtestOrphanNew"
+    for path in (old, fresh):
+        open(path, "w").close()
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    env = create_env("doom_basic", flags(seed=1))
+    try:
+        game_pids = vizdoom_processes()
+        live = envs.shared_memory_of(list(game_pids))
+        assert len(live) == 3 and all(os.path.exists(path) for path in live)
+        for path in live:  # a running game's own, however old, are not orphans
+            os.utime(path, (time.time() - 60, time.time() - 60))
+        orphans = envs.orphaned_shared_memory(older_than_s=5.0)
+        assert old in orphans and fresh not in orphans and not set(live) & set(orphans)
+    finally:
+        env.close()
+        for path in (old, fresh):
+            os.unlink(path)
