@@ -184,3 +184,19 @@ def test_a_named_sample_factory_configuration_is_part_of_the_saved_configuration
     saved = json.loads(open(os.path.join(bench.REPO, "docs", "bench", "learning", "doom_defend_the_center",
                                          "sf_seed1.json")).read())
     assert saved["key"] == bench.config_key(published)  # still the run the bench would make: reused, not re-run
+
+
+@pytest.mark.parametrize("trainer, saved, wrong", [
+    ("appo", {"env_frameskip": 4}, None),
+    ("appo", {"env_frameskip": 1}, "appo.py's env_frameskip 1, expected 4"),
+    ("sf", {"env_frameskip": 4, "summaries_use_frameskip": True}, None),
+    ("sf", {"env_frameskip": 4, "summaries_use_frameskip": False}, "summaries_use_frameskip False"),
+    ("sf", {}, "Sample Factory's env_frameskip None"),
+])
+def test_the_frame_axis_check_reads_each_trainers_saved_configuration(tmp_path, trainer, saved, wrong):
+    """Both trainers' curves must count env frames with the frameskip (doom_basic's is 4): a run
+    whose saved configuration says otherwise is named, not plotted on the wrong axis."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    found = bench.frame_axis_check(trainer, str(tmp_path), "doom_basic")
+    assert found is None if wrong is None else wrong in found
