@@ -1206,8 +1206,26 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
         "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask).item(),
         "value_mean": masked_mean(model.values_to_returns(values.detach()), mask).item(),
         "lag_min": lag.min().item(), "lag_avg": lag.float().mean().item(), "lag_max": lag.max().item(),
+        **ppo_health(log_probs.detach(), behaviour_log_probs, values.detach(), targets, mask, cfg.ppo_clip_ratio),
     }
     return loss, stats
+
+
+def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, float]:
+    """The three numbers PPO users look at first (CleanRL, Stable-Baselines3): how far the policy
+    moved from the one that acted (approx_kl, the (r - 1) - log r estimator), the share of steps
+    whose ratio the clip bounds (clip_fraction), and how much of the targets' variance the values
+    explain (explained_variance: 1 is perfect, 0 no better than their mean, below 0 worse)."""
+    log_ratio = log_probs - behaviour_log_probs
+    ratio = log_ratio.exp()
+    clipped = (ratio < 1.0 / (1.0 + clip_ratio)) | (ratio > 1.0 + clip_ratio)
+    target_mean = masked_mean(targets, mask)
+    target_var = masked_mean((targets - target_mean) ** 2, mask)
+    error = targets - values
+    error_var = masked_mean((error - masked_mean(error, mask)) ** 2, mask)
+    return {"approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask).item(),
+            "clip_fraction": masked_mean(clipped.float(), mask).item(),
+            "explained_variance": (1.0 - error_var / target_var).item() if target_var > 0 else float("nan")}
 
 
 def scheduled_learning_rate(cfg, env_frames: int) -> float | None:

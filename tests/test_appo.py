@@ -845,6 +845,13 @@ def test_end_to_end_training_run_checkpoints_resumes_and_cleans_up(tmp_path):
     assert first_versions and first_versions[-1] > 0  # the learner stepped and saved
     assert os.path.exists(tmp_path / "e2e" / "config.json")
     assert glob.glob(str(tmp_path / "e2e" / "tb" / "events.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "e2e" / "tb"), size_guidance={"scalars": 0}).Reload()
+    health = {name: [event.value for event in events.Scalars(f"p0/{name}")]
+              for name in ("approx_kl", "clip_fraction", "explained_variance")}
+    assert all(health.values()), events.Tags()["scalars"]  # PPO's health numbers reach TensorBoard
+    assert all(0 <= value < 1 for value in health["approx_kl"] + health["clip_fraction"])
+    assert all(value <= 1 for value in health["explained_variance"])
     assert processes_tagged(tag) == []
 
     second = run_appo(tmp_path, tag, seconds=15)
@@ -1002,3 +1009,20 @@ def test_pinned_rollout_worker_takes_one_core_and_a_lower_priority(spawn):
 def report_pinning(worker_id, results):
     appo.pin_rollout_worker(worker_id)
     results.put((sorted(os.sched_getaffinity(0)), os.nice(0)))
+
+
+def test_ppo_health_numbers_against_their_formulas():
+    """approx_kl = mean((r - 1) - log r), clip_fraction = share of r outside [1/(1+eps), 1+eps],
+    explained_variance = 1 - Var(targets - values) / Var(targets), over the unmasked steps only."""
+    behaviour = torch.zeros(2, 3)
+    log_probs = torch.log(torch.tensor([[1.0, 1.5, 0.5], [1.1, 1.0, 9.0]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])  # the 9.0 is masked out
+    targets = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 100.0]])
+    health = appo.ppo_health(log_probs, behaviour, targets.clone(), targets, mask, clip_ratio=0.2)
+    ratios = torch.tensor([1.0, 1.5, 0.5, 1.1, 1.0])
+    assert health["approx_kl"] == pytest.approx(float(((ratios - 1) - ratios.log()).mean()))
+    assert health["clip_fraction"] == pytest.approx(2 / 5)  # 1.5 and 0.5 lie outside [0.833, 1.2]
+    assert health["explained_variance"] == pytest.approx(1.0)  # values equal to the targets
+    mean_only = torch.full((2, 3), 3.0)  # the unmasked targets' mean: explains nothing
+    assert appo.ppo_health(behaviour, behaviour, mean_only, targets, mask, 0.2)["explained_variance"] == pytest.approx(0.0)
+    assert appo.ppo_health(behaviour, behaviour, mean_only, targets, mask, 0.2)["approx_kl"] == 0.0
