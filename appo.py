@@ -2760,7 +2760,59 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     skipped = sum(learner.get("skipped_steps", 0) for learner in stats.learner)
     if stats.env_faults or stats.restarts or skipped:
         parts.append(f"faults: env {stats.env_faults} restarts {stats.restarts} skipped steps {skipped}")
+    budget = progress(cfg, stats, shared, elapsed)
+    if budget:
+        parts.append(budget)
     return " | ".join(parts)
+
+
+UNLIMITED_FRAMES, UNLIMITED_SECONDS = 10_000_000_000, 1e10  # the budgets' defaults: no budget
+
+
+def progress(cfg, stats: Stats, shared: Shared, elapsed: float) -> str | None:
+    """Where the run stands against its budget: the share of --train_for_env_steps trained and the
+    time left at the last minute's rate, or the time left of --train_for_seconds if that ends first."""
+    left = []
+    if cfg.train_for_seconds < UNLIMITED_SECONDS:
+        left.append(max(0.0, cfg.train_for_seconds - elapsed))
+    share = None
+    if cfg.train_for_env_steps < UNLIMITED_FRAMES:
+        trained = int(shared.run.learner_frames.min())
+        share = min(1.0, trained / cfg.train_for_env_steps)
+        rate = min(stats.policy_fps(policy_id, 60) for policy_id in range(cfg.num_policies))
+        if rate > 0:
+            left.append(max(0.0, (cfg.train_for_env_steps - trained) / rate))
+    if share is None and not left:
+        return None
+    parts = [f"{share:.0%} of {cfg.train_for_env_steps:,}"] if share is not None else []
+    if left:
+        parts.append(f"{duration(min(left))} left")
+    return ", ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def end_of_run_lines(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns: list[float]) -> list[str]:
+    """The run's last lines: what it trained, how well, where it saved, how to watch it play."""
+    lines = []
+    for policy_id in range(cfg.num_policies):
+        returns = stats.episode_returns[policy_id]
+        best = (f" (best 100-game average at a status line {best_returns[policy_id]:.2f})"
+                if np.isfinite(best_returns[policy_id]) else "")
+        score = (f"average return {np.mean(returns):.2f} over the last {len(returns)} games{best}" if returns
+                 else "no game finished")
+        saved = sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")))
+        prefix = f"policy {policy_id}: " if cfg.num_policies > 1 else ""
+        lines.append(f"done: {prefix}{int(shared.run.learner_frames[policy_id]):,} frames trained in "
+                     f"{duration(elapsed)}; {score}; checkpoint {saved[-1] if saved else 'none'}")
+    lines.append(f"watch it play: python appo.py --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
+                 f"--experiment {cfg.experiment} --save_video")
+    return lines
 
 
 class Summaries:
@@ -2919,6 +2971,7 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] 
     else:
         workers = Supervisor(cfg, shared, make_children(cfg, shared, spaces_pair), multiprocessing.get_context("spawn"))
     start = last_report = time.monotonic()
+    best_returns = [float("-inf")] * cfg.num_policies  # the best 100-game average at a status line
     try:
         workers.start_all()
         while True:
@@ -2948,6 +3001,8 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] 
                     print(f"past-version opponents now play {path}", flush=True)
             if now - last_report >= cfg.report_every_sec and cfg.rank == 0:
                 print(status_line(cfg, stats, shared, now - start), flush=True)
+                best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
+                                for best, returns in zip(best_returns, stats.episode_returns)]
                 summaries.write(cfg, stats, shared)
                 last_report = now
             if shared.run.learner_frames.min() >= cfg.train_for_env_steps or now - start >= cfg.train_for_seconds:
@@ -2961,6 +3016,9 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] 
         if cfg.rank == 0:
             print(status_line(cfg, stats, shared, time.monotonic() - start), flush=True)
             summaries.write(cfg, stats, shared)
+            if exit_code == 0:
+                print("\n".join(end_of_run_lines(cfg, stats, shared, time.monotonic() - start, best_returns)),
+                      flush=True)
         if cfg.world_size > 1:
             print(f"rank {cfg.rank} collected {int(shared.run.worker_frames.sum()):,} env frames", flush=True)
         summaries.close()

@@ -258,3 +258,15 @@ def test_a_gym_env_of_a_module_of_yours_trains_as_gym_module_id(tmp_path, monkey
     assert os.listdir(tmp_path / "runs" / "gym_my_corridor_Corridor-v0" / "checkpoint_p0")
     assert appo.main(["--env", "gym:no_such_module:Corridor-v0", *flags]) == 2
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
+
+
+def test_a_run_shows_its_progress_against_the_budget_and_ends_with_a_summary(tmp_path, capsys):
+    assert appo.main(small_serial_run(tmp_path, "--report_every_sec", "0.5", "--seed", "1")) == 0
+    out = capsys.readouterr().out
+    status = [line for line in out.splitlines() if line.startswith("[")]
+    assert status and all(re.search(r"\| \d+% of 1,000(, \w+ left)?$", line) for line in status), status
+    assert status[-1].endswith("100% of 1,000, 0s left")
+    assert re.search(r"^done: [\d,]+ frames trained in \d+s; (average return -?[\d.]+ over the last \d+ games|no game "
+                     r"finished).*; checkpoint .*checkpoint_p0/checkpoint_[\d_]+\.pth$", out, re.MULTILINE), out
+    assert f"watch it play: python appo.py --mode eval --env doom_basic --train_dir {tmp_path} --experiment e " \
+           "--save_video" in out
