@@ -2928,10 +2928,50 @@ class StopRequested(Exception):
     pass
 
 
+class Tee:
+    """A text stream that writes to two: the terminal's and a log file."""
+
+    def __init__(self, stream, log):
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+        self.log.flush()
+
+    def __getattr__(self, name):  # fileno, isatty, encoding: the terminal's
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def lines_also_to(path: str):
+    """Inside this block the runner's own lines (start, status, warnings, errors, the summary) go
+    to `path` as well as to the terminal; its children's go to the terminal only."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a", buffering=1) as log:
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = Tee(sys.stdout, log), Tee(sys.stderr, log)
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = streams
+
+
 def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] | None = None) -> int:
-    """Runs a whole training; returns the process exit code. `watch`, if given, is called every
-    round of the runner's loop with the shared state, the workers and the runner's stats
-    (scripts/chaos.py kills processes from there and checks that the run recovers)."""
+    """Runs a whole training; returns the process exit code. Its lines also go to train.log in the
+    experiment's folder. `watch`, if given, is called every round of the runner's loop with the
+    shared state, the workers and the runner's stats (scripts/chaos.py kills processes from there
+    and checks that the run recovers)."""
+    log = "train.log" if cfg.rank == 0 else f"train_rank{cfg.rank}.log"
+    with lines_also_to(os.path.join(experiment_dir(cfg), log)):
+        return run_training(cfg, watch)
+
+
+def run_training(cfg, watch) -> int:
+    """train() without its log file."""
     if cfg.serial_mode:  # before any weights are drawn: the thread count can change their last bits
         torch.set_num_threads(cfg.learner_threads)
     seed_drawn = cfg.seed is None

@@ -270,3 +270,5 @@ def test_a_run_shows_its_progress_against_the_budget_and_ends_with_a_summary(tmp
                      r"finished).*; checkpoint .*checkpoint_p0/checkpoint_[\d_]+\.pth$", out, re.MULTILINE), out
     assert f"watch it play: python appo.py --mode eval --env doom_basic --train_dir {tmp_path} --experiment e " \
            "--save_video" in out
+    log = (tmp_path / "e" / "train.log").read_text()  # the runner's lines, kept with the experiment
+    assert out.splitlines()[0] in log and status[-1] in log and "watch it play:" in log
