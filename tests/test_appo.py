@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -1026,3 +1027,15 @@ def test_ppo_health_numbers_against_their_formulas():
     mean_only = torch.full((2, 3), 3.0)  # the unmasked targets' mean: explains nothing
     assert appo.ppo_health(behaviour, behaviour, mean_only, targets, mask, 0.2)["explained_variance"] == pytest.approx(0.0)
     assert appo.ppo_health(behaviour, behaviour, mean_only, targets, mask, 0.2)["approx_kl"] == 0.0
+
+
+def test_busy_fractions_never_read_above_one():
+    """A worker's report can cover time before the runner's interval (it reports every ~2 s): a
+    process busy throughout once read 117% on the GPU check."""
+    cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2"])
+    stats = appo.Stats(1)
+    stats.last_report_time = time.monotonic() - 1.0  # an interval of about a second
+    stats.consume({"type": "timing", "component": "inference", "busy_s": 1.7})  # 2 s of work, reported now
+    stats.consume({"type": "timing", "component": "env", "busy_s": 0.5})
+    fractions = stats.busy_fractions(cfg)
+    assert fractions["inference"] == 1.0 and 0.2 < fractions["env"] < 0.3  # 0.5 s of 2 workers' second
