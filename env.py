@@ -137,9 +137,8 @@ def _by_observations(factory: EnvFactory) -> Callable[[str], dict]:
             space = env.observation_space
         finally:
             env.close()
-        subspaces = space.spaces.values() if isinstance(space, spaces.Dict) else [space]
-        images = any(isinstance(subspace, spaces.Box) and subspace.dtype == np.uint8 and len(subspace.shape) == 3
-                     for subspace in subspaces)
+        # a registered env gives appo.py's layout, (C, H, W): any 3-dimensional uint8 Box is an image
+        images = _any_subspace(space, lambda box: box.dtype == np.uint8 and len(box.shape) == 3)
         return {} if images else dict(GYM_VECTOR_DEFAULTS)
     return defaults
 
@@ -2052,8 +2051,13 @@ def _gym_observes_images(name: str) -> bool:
         space = env.observation_space
     finally:
         env.close()
+    return _any_subspace(space, _is_image_space)
+
+
+def _any_subspace(space: spaces.Space, test: Callable[[spaces.Box], bool]) -> bool:
+    """Does a Box observation, or any Box of a Dict of them, pass `test`?"""
     subspaces = space.spaces.values() if isinstance(space, spaces.Dict) else [space]
-    return any(isinstance(subspace, spaces.Box) and _is_image_space(subspace) for subspace in subspaces)
+    return any(isinstance(subspace, spaces.Box) and test(subspace) for subspace in subspaces)
 
 
 GYM = Family(
