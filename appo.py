@@ -2560,8 +2560,8 @@ class Stats:
         if cfg.serial_mode:
             processes = dict.fromkeys(processes, 1)
         # Processes report their busy time every ~2 s (a learner after each step), so a report can
-        # cover time before this interval: a process busy throughout read above 100% (117% on the
-        # GPU check). Capped; over many intervals the shares are unchanged.
+        # cover time before this interval and a process busy throughout would read above 100%.
+        # Capped; over many intervals the shares are unchanged.
         fractions = {kind: min(1.0, (self.busy_s[kind] - self.busy_s_at_last_report[kind]) / (interval * processes[kind]))
                      for kind in self.busy_s}
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), now
