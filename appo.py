@@ -334,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation.add_argument("--eval_deterministic", action="switch",
                             help="take the most likely action instead of sampling")
     evaluation.add_argument("--save_video", action="switch",
-                            help="write an MP4 of the agent's view at the game's resolution, with the score")
+                            help="write an H.264 MP4 of the agent's view at the game's resolution, with the score "
+                                 "(pip install imageio imageio-ffmpeg)")
     evaluation.add_argument("--video_frames", type=int, default=10**9, help="stop the video after this many frames")
     evaluation.add_argument("--video_path", default=None,
                             help="where the MP4 goes (default: train_dir/experiment/eval_<policy>.mp4)")
@@ -503,6 +504,9 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
                       "use --num_policies 1")
     if cfg.with_wandb and importlib.util.find_spec("wandb") is None:
         errors.append("--with_wandb needs the wandb package: pip install wandb")
+    if cfg.save_video and not all(importlib.util.find_spec(name) for name in ("imageio", "imageio_ffmpeg")):
+        errors.append("--save_video needs the imageio and imageio-ffmpeg packages (they write H.264): "
+                      "pip install imageio imageio-ffmpeg")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         errors.append("--device cuda but torch sees no GPU: use --device cpu or install a CUDA build of torch")
     return errors
@@ -3346,29 +3350,52 @@ def load_policy_for_eval(cfg) -> dict:
 
 
 class VideoWriter:
-    """An MP4 of rendered frames with the running score written in the corner (OpenCV)."""
+    """An H.264 MP4 of rendered frames with the running score written in the corner. H.264 in
+    yuv420p is what browsers, GitHub and W&B play (OpenCV's mp4v was MPEG-4 part 2, which they
+    do not); imageio-ffmpeg brings its own ffmpeg with libx264."""
 
     def __init__(self, path: str, fps: float, max_frames: int):
         self.path, self.fps, self.max_frames = path, fps, max_frames
         self.writer, self.num_frames, self.size = None, 0, None
 
     def add(self, frame: np.ndarray, score: str):
-        import cv2
         if self.num_frames >= self.max_frames or frame is None:
             return
+        image = even_sized(with_score(frame, score))
         if self.writer is None:
+            import imageio
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            self.size = (frame.shape[1], frame.shape[0])
-            self.writer = cv2.VideoWriter(self.path, cv2.VideoWriter_fourcc(*"mp4v"), self.fps, self.size)
-        image = cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2BGR)
-        scale = max(0.3, frame.shape[0] / 400)
-        cv2.putText(image, score, (4, int(14 * scale / 0.35)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1)
-        self.writer.write(image)
+            self.size = (image.shape[1], image.shape[0])
+            # macro_block_size 1: imageio would otherwise scale every frame up to a multiple of 16
+            # pixels, with only a warning; faststart puts the index first, so a browser plays the
+            # file while it downloads
+            self.writer = imageio.get_writer(self.path, format="FFMPEG", mode="I", fps=self.fps, codec="libx264",
+                                             pixelformat="yuv420p", macro_block_size=1,
+                                             output_params=["-movflags", "+faststart"])
+        self.writer.append_data(image)
         self.num_frames += 1
 
     def close(self):
         if self.writer is not None:
-            self.writer.release()
+            self.writer.close()
+
+
+def with_score(frame: np.ndarray, score: str) -> np.ndarray:
+    """A copy of an RGB frame with `score` in its top-left corner, sized to the frame."""
+    import cv2
+    image = np.array(frame, dtype=np.uint8, order="C")  # a copy: putText draws in place, and the frame is the env's
+    scale = max(0.3, frame.shape[0] / 400)
+    cv2.putText(image, score, (4, int(14 * scale / 0.35)), cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1)
+    return image
+
+
+def even_sized(image: np.ndarray) -> np.ndarray:
+    """`image` with one edge row or column repeated where its height or width is odd: yuv420p
+    stores colour at half resolution in both directions, so libx264 refuses odd sizes."""
+    height, width = image.shape[:2]
+    if height % 2 == 0 and width % 2 == 0:
+        return image
+    return np.pad(image, ((0, height % 2), (0, width % 2), (0, 0)), mode="edge")
 
 
 def evaluate(cfg) -> int:

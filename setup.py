@@ -28,10 +28,12 @@ setup(
     extras_require={
         "doom": ["vizdoom>=1.2.3"],
         "atari": ["ale-py>=0.9"],
-        "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2", "matplotlib", "wandb"],
+        "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2", "matplotlib", "wandb",
+                 "imageio>=2.9", "imageio-ffmpeg>=0.4"],
         "mujoco": ["gymnasium[mujoco]"],
         "box2d": ["gymnasium[box2d]"],
         "bench": ["faster-fifo", "matplotlib"],
         "wandb": ["wandb"],
+        "video": ["imageio>=2.9", "imageio-ffmpeg>=0.4"],  # --save_video: H.264 through the ffmpeg they bring
     },
 )

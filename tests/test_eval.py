@@ -1,11 +1,11 @@
 """appo.py --mode eval: plays a saved policy on real VizDoom and Atari, prints the scores, and
-writes an MP4 that is decoded back here."""
+writes an H.264 MP4 that is decoded back here."""
 import os
 import re
 import subprocess
 import sys
 
-import cv2
+import numpy as np
 import pytest
 
 import appo
@@ -28,16 +28,13 @@ def run_eval(train_dir, *flags: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def decoded_frames(path: str) -> tuple[int, tuple[int, int]]:
-    capture = cv2.VideoCapture(path)
-    count, size = 0, None
-    while True:
-        ok, frame = capture.read()
-        if not ok:
-            break
-        count, size = count + 1, (frame.shape[1], frame.shape[0])
-    capture.release()
-    return count, size
+def decoded_video(path: str) -> tuple[str, str, int, set[tuple[int, int]]]:
+    """An MP4 decoded by imageio's ffmpeg: its codec, pixel format, frame count and frame sizes."""
+    import imageio
+    with imageio.get_reader(path, format="FFMPEG") as reader:
+        meta = reader.get_meta_data()
+        sizes = [(frame.shape[1], frame.shape[0]) for frame in reader]
+    return meta["codec"], meta["pix_fmt"].split("(")[0], len(sizes), set(sizes)
 
 
 def steps_played(output: str, frameskip: int) -> int:
@@ -62,7 +59,27 @@ def test_eval_plays_games_prints_scores_and_records_a_video(tmp_path, env_name, 
     frameskip = appo.parse_args(["--env", env_name]).env_frameskip
     expected_frames = min(25, steps_played(result.stdout, frameskip))
     assert f"video: {expected_frames} frames of {native_size[0]}x{native_size[1]}" in result.stdout
-    assert decoded_frames(str(video_path)) == (expected_frames, native_size)
+    # H.264 in yuv420p: what browsers, GitHub and W&B play
+    assert decoded_video(str(video_path)) == ("h264", "yuv420p", expected_frames, {native_size})
+
+
+def test_a_video_of_odd_sized_frames_is_h264_one_pixel_larger_where_odd(tmp_path):
+    path = str(tmp_path / "odd.mp4")
+    video = appo.VideoWriter(path, fps=35 / 4, max_frames=5)
+    for step in range(7):  # two beyond --video_frames
+        video.add(np.full((21, 33, 3), 30 * step, np.uint8), f"score {step}")
+    video.close()
+    assert video.num_frames == 5 and video.size == (34, 22)
+    assert decoded_video(path) == ("h264", "yuv420p", 5, {(34, 22)})
+
+
+def test_save_video_without_imageio_is_a_flag_error(monkeypatch):
+    real_find_spec = appo.importlib.util.find_spec
+    monkeypatch.setattr(appo.importlib.util, "find_spec",
+                        lambda name, *args: None if name == "imageio_ffmpeg" else real_find_spec(name, *args))
+    errors = appo.config_errors(appo.parse_args(["--env", "doom_basic", "--mode", "eval", "--save_video"]))
+    assert errors == ["--save_video needs the imageio and imageio-ffmpeg packages (they write H.264): "
+                      "pip install imageio imageio-ffmpeg"]
 
 
 def test_eval_deterministic_with_a_seed_plays_the_same_game_twice(tmp_path):
