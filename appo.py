@@ -2804,19 +2804,48 @@ def duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def end_of_run_lines(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns: list[float]) -> list[str]:
+@dataclass
+class TrainResult:
+    """What train() returns: the run's figures at its end, for a caller in Python (a hyperparameter
+    search) that would otherwise read them back from TensorBoard. Lists hold one entry per policy;
+    NaN where a policy has no figure (no game finished, or never 100 games at a status line)."""
+    exit_code: int  # main()'s: 0 ran to its budget or was stopped, 1 failed, 2 a flag mistake the env revealed
+    seconds: float = 0.0  # wall time of the training loop
+    frames_collected: int = 0  # env frames this run collected (a resumed run counts from 0), all policies'
+    frames_trained: list[int] = dataclasses.field(default_factory=list)  # since the experiment began
+    average_returns: list[float] = dataclasses.field(default_factory=list)  # over the last (up to) 100 games
+    games_averaged: list[int] = dataclasses.field(default_factory=list)  # how many games that is
+    # the best 100-game average at a status line: a run's peak, where the last average may be past it
+    best_average_returns: list[float] = dataclasses.field(default_factory=list)
+    checkpoints: list[str | None] = dataclasses.field(default_factory=list)  # each policy's latest
+
+
+def final_result(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns: list[float],
+                 exit_code: int) -> TrainResult:
+    """The figures of a finished run, read once: the summary lines are written from them."""
+    saved = [sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")))
+             for policy_id in range(cfg.num_policies)]
+    return TrainResult(
+        exit_code=exit_code, seconds=elapsed, frames_collected=frames_collected(cfg, shared),
+        frames_trained=[int(frames) for frames in shared.run.learner_frames],
+        average_returns=[float(np.mean(returns)) if returns else float("nan") for returns in stats.episode_returns],
+        games_averaged=[len(returns) for returns in stats.episode_returns],
+        best_average_returns=[float(best) if np.isfinite(best) else float("nan") for best in best_returns],
+        checkpoints=[paths[-1] if paths else None for paths in saved])
+
+
+def end_of_run_lines(cfg, result: TrainResult) -> list[str]:
     """The run's last lines: what it trained, how well, where it saved, how to watch it play."""
     lines = []
     for policy_id in range(cfg.num_policies):
-        returns = stats.episode_returns[policy_id]
-        best = (f" (best 100-game average at a status line {best_returns[policy_id]:.2f})"
-                if np.isfinite(best_returns[policy_id]) else "")
-        score = (f"average return {np.mean(returns):.2f} over the last {len(returns)} games{best}" if returns
+        best = result.best_average_returns[policy_id]
+        best = f" (best 100-game average at a status line {best:.2f})" if np.isfinite(best) else ""
+        score = (f"average return {result.average_returns[policy_id]:.2f} over the last "
+                 f"{result.games_averaged[policy_id]} games{best}" if result.games_averaged[policy_id]
                  else "no game finished")
-        saved = sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")))
         prefix = f"policy {policy_id}: " if cfg.num_policies > 1 else ""
-        lines.append(f"done: {prefix}{int(shared.run.learner_frames[policy_id]):,} frames trained in "
-                     f"{duration(elapsed)}; {score}; checkpoint {saved[-1] if saved else 'none'}")
+        lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
+                     f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
     lines.append(f"watch it play: python appo.py --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
                  f"--experiment {cfg.experiment} --save_video")
     return lines
@@ -2967,17 +2996,18 @@ def lines_also_to(path: str):
             sys.stdout, sys.stderr = streams
 
 
-def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] | None = None) -> int:
-    """Runs a whole training; returns the process exit code. Its lines also go to train.log in the
-    experiment's folder. `watch`, if given, is called every round of the runner's loop with the
-    shared state, the workers and the runner's stats (scripts/chaos.py kills processes from there
-    and checks that the run recovers)."""
+def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] | None = None) -> TrainResult:
+    """Runs a whole training; returns its exit code and final figures (TrainResult). Its lines also
+    go to train.log in the experiment's folder. From Python: cfg = parse_args([...flags]), then
+    flag_errors(cfg) (what main() checks first), then train(cfg). `watch`, if given, is called
+    every round of the runner's loop with the shared state, the workers and the runner's stats
+    (scripts/chaos.py kills processes from there and checks that the run recovers)."""
     log = "train.log" if cfg.rank == 0 else f"train_rank{cfg.rank}.log"
     with lines_also_to(os.path.join(experiment_dir(cfg), log)):
         return run_training(cfg, watch)
 
 
-def run_training(cfg, watch) -> int:
+def run_training(cfg, watch) -> TrainResult:
     """train() without its log file."""
     if cfg.serial_mode:  # before any weights are drawn: the thread count can change their last bits
         torch.set_num_threads(cfg.learner_threads)
@@ -2994,11 +3024,11 @@ def run_training(cfg, watch) -> int:
     except Exception as error:  # the env itself is broken: no worker would do better
         print(f"error: {cfg.env} failed to start ({type(error).__name__}: {error}); its engine's output is in "
               f"{engine_log_path(cfg, 'probe')}", file=sys.stderr)
-        return 1
+        return TrainResult(exit_code=1)
     errors = probe_errors(cfg, probe)
     if errors:
         print_errors(errors)
-        return 2
+        return TrainResult(exit_code=2)
     spaces_pair = probe.spaces
     model = ActorCritic(*spaces_pair, cfg)
     shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
@@ -3060,18 +3090,19 @@ def run_training(cfg, watch) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         workers.stop()
+        elapsed = time.monotonic() - start
+        result = final_result(cfg, stats, shared, elapsed, best_returns, exit_code)
         if cfg.rank == 0:
-            print(status_line(cfg, stats, shared, time.monotonic() - start), flush=True)
+            print(status_line(cfg, stats, shared, elapsed), flush=True)
             summaries.write(cfg, stats, shared)
             if exit_code == 0:
-                print("\n".join(end_of_run_lines(cfg, stats, shared, time.monotonic() - start, best_returns)),
-                      flush=True)
+                print("\n".join(end_of_run_lines(cfg, result)), flush=True)
         if cfg.world_size > 1:
             print(f"rank {cfg.rank} collected {int(shared.run.worker_frames.sum()):,} env frames", flush=True)
         summaries.close()
         for signum, handler in previous_handlers.items():  # for a caller in this process (tests, serial mode)
             signal.signal(signum, handler)
-    return exit_code
+    return result
 
 
 def drain(ipc_queue: appo_ipc.Queue) -> list:
@@ -3496,7 +3527,7 @@ def main(argv: list[str] | None = None) -> int:
         if done:
             print(done, flush=True)
     try:
-        return evaluate(cfg) if cfg.mode == "eval" else train(cfg)
+        return evaluate(cfg) if cfg.mode == "eval" else train(cfg).exit_code
     except CheckpointError as error:
         print_errors([str(error)])
         return 2

@@ -220,7 +220,7 @@ def main() -> int:
     uncommitted = [line[3:] for line in uncommitted if line.strip()]  # files that differ from the commit
     killer = Killer(args, cfg)
     started = time.monotonic()
-    exit_code = appo.train(cfg, watch=killer)
+    exit_code = appo.train(cfg, watch=killer).exit_code
     minutes = (time.monotonic() - started) / 60
     lost, with_learner = slots_lost(cfg, killer.shared)
     time.sleep(2.0)  # exiting processes leave the process table

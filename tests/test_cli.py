@@ -2,6 +2,7 @@
 the flag, before anything starts; a run's terminal shows the trainer's own lines only."""
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -261,8 +262,10 @@ def test_a_gym_env_of_a_module_of_yours_trains_as_gym_module_id(tmp_path, monkey
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
 
 
-def test_a_run_shows_its_progress_against_the_budget_and_ends_with_a_summary(tmp_path, capsys):
-    assert appo.main(small_serial_run(tmp_path, "--report_every_sec", "0.5", "--seed", "1")) == 0
+def test_a_run_shows_its_progress_against_the_budget_ends_with_a_summary_and_returns_its_figures(tmp_path, capsys):
+    # train() in this process, as a hyperparameter search would call it (main() returns its exit code)
+    result = appo.train(appo.parse_args(small_serial_run(tmp_path, "--report_every_sec", "0.5", "--seed", "1")))
+    assert isinstance(result, appo.TrainResult) and result.exit_code == 0
     out = capsys.readouterr().out
     status = [line for line in out.splitlines() if line.startswith("[")]
     assert status and all(re.search(r"\| \d+% of 1,000(, \w+ left)?$", line) for line in status), status
@@ -273,3 +276,9 @@ def test_a_run_shows_its_progress_against_the_budget_and_ends_with_a_summary(tmp
            "--save_video" in out
     log = (tmp_path / "e" / "train.log").read_text()  # the runner's lines, kept with the experiment
     assert out.splitlines()[0] in log and status[-1] in log and "watch it play:" in log
+    # the figures returned are the summary's
+    assert result.frames_trained[0] >= 1000 and result.frames_collected >= result.frames_trained[0]
+    assert math.isfinite(result.average_returns[0]) and result.games_averaged[0] > 0
+    assert (f"done: {result.frames_trained[0]:,} frames trained in {appo.duration(result.seconds)}; average return "
+            f"{result.average_returns[0]:.2f} over the last {result.games_averaged[0]} games") in out
+    assert result.checkpoints[0] and out.rstrip().splitlines()[-2].endswith(f"checkpoint {result.checkpoints[0]}")
