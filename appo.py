@@ -2893,7 +2893,10 @@ class Summaries:
 
 
 def start_wandb(cfg):
-    """One W&B run per experiment: a resumed experiment continues the same run (its id is saved)."""
+    """One W&B run per experiment: a resumed experiment continues the same run (its id is saved).
+    W&B writes only in the experiment's folder: its run files under wandb/, and its service's own
+    logs (otherwise in ~/.cache/wandb) under wandb/cache/, unless WANDB_CACHE_DIR says elsewhere."""
+    os.environ.setdefault("WANDB_CACHE_DIR", os.path.join(os.path.abspath(experiment_dir(cfg)), "wandb", "cache"))
     import wandb
     id_path = os.path.join(experiment_dir(cfg), "wandb_run_id")
     if os.path.exists(id_path):
@@ -2903,8 +2906,13 @@ def start_wandb(cfg):
         run_id = uuid.uuid4().hex[:12]
         with open(id_path, "w") as f:
             f.write(run_id)
-    return wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
-                      id=run_id, resume="allow", config=vars(cfg), dir=experiment_dir(cfg))
+    run = wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
+                     id=run_id, resume="allow", config=vars(cfg), dir=experiment_dir(cfg))
+    # every chart against env frames, as in TensorBoard: W&B's own step counts log calls, so runs
+    # of another speed or --report_every_sec would not line up
+    run.define_metric("env_frames")
+    run.define_metric("*", step_metric="env_frames")
+    return run
 
 
 def save_config(cfg):
