@@ -2514,6 +2514,7 @@ class Stats:
         # what population-based training ranks by: e.g. 1 for a won duel, 0 otherwise (the return
         # counts frags; the training reward is shaped)
         self.episode_objectives = [deque(maxlen=100) for _ in range(num_policies)]
+        self.separate_objective = False  # whether a game's objective ever differed from its return (duels)
         self.learner = [{} for _ in range(num_policies)]
         self.busy_s = {"env": 0.0, "inference": 0.0, "learner": 0.0}  # summed over processes
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), time.monotonic()
@@ -2526,6 +2527,7 @@ class Stats:
             self.episode_returns[message["policy_id"]].append(message["true_return"])
             self.episode_lengths[message["policy_id"]].append(message["true_length"])
             self.episode_objectives[message["policy_id"]].append(message["true_objective"])
+            self.separate_objective |= message["true_objective"] != message["true_return"]
             self.num_episodes += 1
         elif kind == "learner":
             self.learner[message["policy_id"]] = message
@@ -2744,23 +2746,19 @@ def frames_collected(cfg, shared: Shared) -> int:
     return int(shared.run.worker_frames.sum())
 
 
+MOST_POLICIES_SHOWN = 2  # each one's figures on the status line; with more, their aggregate
+
+
 def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     frames = frames_collected(cfg, shared)
     parts = [f"[{elapsed:7.0f}s] frames {frames:,}",
              "FPS 10s/60s/300s " + "/".join(f"{stats.fps(w):,.0f}" for w in (10, 60, 300)),
              f"samples/s {stats.fps(60) / cfg.env_frameskip:,.0f}"]
-    for policy_id in range(cfg.num_policies):
-        learner, returns = stats.learner[policy_id], stats.episode_returns[policy_id]
-        prefix = f"p{policy_id} " if cfg.num_policies > 1 else ""
-        if cfg.num_policies > 1:
-            parts.append(f"{prefix}FPS {stats.policy_fps(policy_id, 60):,.0f}")
-        if learner:
-            parts.append(f"{prefix}lag {learner['lag_min']:.0f}/{learner['lag_avg']:.1f}/{learner['lag_max']:.0f}"
-                         f" trained {int(shared.run.learner_frames[policy_id]):,}")
-        if returns:
-            parts.append(f"{prefix}avg return {np.mean(returns):.2f} ({len(returns)} ep)")
-        if stats.episode_objectives[policy_id] and cfg.num_policies > 1:
-            parts.append(f"{prefix}objective {np.mean(stats.episode_objectives[policy_id]):.2f}")
+    if cfg.num_policies > MOST_POLICIES_SHOWN:
+        parts.append(population_summary(cfg, stats))
+    else:
+        for policy_id in range(cfg.num_policies):
+            parts += policy_parts(cfg, stats, shared, policy_id)
     busy = stats.busy_fractions(cfg)
     if any(busy.values()):
         parts.append("busy " + " ".join(f"{kind} {fraction:.0%}" for kind, fraction in busy.items()))
@@ -2771,6 +2769,56 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     if budget:
         parts.append(budget)
     return " | ".join(parts)
+
+
+def policy_parts(cfg, stats: Stats, shared: Shared, policy_id: int) -> list[str]:
+    """One policy's figures on the status line: its FPS (of several), lag, frames trained, returns."""
+    learner, returns = stats.learner[policy_id], stats.episode_returns[policy_id]
+    prefix = f"p{policy_id} " if cfg.num_policies > 1 else ""
+    parts = []
+    if cfg.num_policies > 1:
+        parts.append(f"{prefix}FPS {stats.policy_fps(policy_id, 60):,.0f}")
+    if learner:
+        parts.append(f"{prefix}lag {learner['lag_min']:.0f}/{learner['lag_avg']:.1f}/{learner['lag_max']:.0f}"
+                     f" trained {int(shared.run.learner_frames[policy_id]):,}")
+    if returns:
+        parts.append(f"{prefix}avg return {np.mean(returns):.2f} ({len(returns)} ep)")
+    if stats.episode_objectives[policy_id] and cfg.num_policies > 1:
+        parts.append(f"{prefix}objective {np.mean(stats.episode_objectives[policy_id]):.2f}")
+    return parts
+
+
+def population_summary(cfg, stats: Stats) -> str:
+    """Many policies in one part of the status line, as long for 3 as for 100: the highest lag, the
+    best and the median average return, and the objective's where it is not the return (duels)."""
+    parts = []
+    lags = [learner["lag_max"] for learner in stats.learner if learner]
+    if lags:
+        parts.append(f"lag max {max(lags):.0f}")
+    returns = best_and_median(stats.episode_returns)
+    if returns:
+        parts.append(f"avg return {returns}")
+    objectives = best_and_median(stats.episode_objectives) if stats.separate_objective else None
+    if objectives:
+        parts.append(f"objective {objectives}")
+    return f"{cfg.num_policies} policies" + (": " + ", ".join(parts) if parts else "")
+
+
+def best_and_median(histories: list[deque]) -> str | None:
+    """`best 12.34 (p3) median 5.67`: the leading policy's mean and the median of the policies' means."""
+    means = {policy_id: float(np.mean(history)) for policy_id, history in enumerate(histories) if history}
+    if not means:
+        return None
+    leader = max(means, key=means.get)
+    return f"best {means[leader]:.2f} (p{leader}) median {np.median(list(means.values())):.2f}"
+
+
+def policies_line(cfg) -> str | None:
+    """A run's line on where each policy's figures are, when the status line shows their aggregate."""
+    if cfg.num_policies <= MOST_POLICIES_SHOWN:
+        return None
+    return (f"{cfg.num_policies} policies: status lines show the highest lag and the best and median average "
+            f"return; each policy's figures are in TensorBoard under p0/ to p{cfg.num_policies - 1}/")
 
 
 UNLIMITED_FRAMES, UNLIMITED_SECONDS = 10_000_000_000, 1e10  # the budgets' defaults: no budget
@@ -3024,7 +3072,7 @@ def run_training(cfg, watch) -> TrainResult:
         cfg.seed = random.randrange(2**31)
     torch.manual_seed(cfg.seed)
     print(start_line(cfg, seed_drawn), flush=True)
-    for line in (family_line(cfg), resumed_line(cfg)):
+    for line in (family_line(cfg), resumed_line(cfg), policies_line(cfg)):
         if line:
             print(line, flush=True)
     try:

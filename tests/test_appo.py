@@ -1039,3 +1039,33 @@ def test_busy_fractions_never_read_above_one():
     stats.consume({"type": "timing", "component": "env", "busy_s": 0.5})
     fractions = stats.busy_fractions(cfg)
     assert fractions["inference"] == 1.0 and 0.2 < fractions["env"] < 0.3  # 0.5 s of 2 workers' second
+
+
+def status_line_of(num_policies: int, objective_is_return: bool = True) -> str:
+    """The status line of a run of `num_policies` an hour in: each policy has lag and 100 games."""
+    cfg = appo.parse_args(["--env", "doom_basic", "--num_policies", str(num_policies), "--num_workers", "8"])
+    stats = appo.Stats(num_policies)
+    stats.frame_history.extend([(100.0, 1_000_000), (110.0, 1_090_000)])
+    stats.last_report_time -= 10.0
+    stats.busy_s.update({"env": 60.0, "inference": 4.0, "learner": 9.0})
+    for policy_id in range(num_policies):
+        stats.learner[policy_id] = {"lag_min": 0, "lag_avg": 2.5, "lag_max": 4 + policy_id}
+        for game in range(100):  # policy p's average return: 2p + 0.5
+            score = 2 * policy_id + game % 2
+            stats.consume({"type": "episode", "policy_id": policy_id, "true_return": score, "true_length": 300,
+                           "true_objective": score if objective_is_return else float(game % 4 == 0)})
+    run = argparse.Namespace(worker_frames=np.full(8, 136_250), learner_frames=np.full(num_policies, 1_000_000))
+    return appo.status_line(cfg, stats, argparse.Namespace(run=run), elapsed=3600.0)
+
+
+def test_the_status_line_of_many_policies_shows_their_aggregate_at_a_bounded_width():
+    """Each policy's figures take about 90 characters; past two policies the line shows the population's."""
+    assert "p1 avg return 2.50 (100 ep) | p1 objective 2.50" in status_line_of(2)  # two: each its own
+    eight = status_line_of(8)
+    assert "| 8 policies: lag max 11, avg return best 14.50 (p7) median 7.50 | busy" in eight, eight
+    assert len(eight) <= 200 and "p0" not in eight
+    assert len(status_line_of(100)) <= len(eight) + 8  # the same, with more digits in the counts, lag and leader
+    duels = status_line_of(8, objective_is_return=False)  # an objective of its own (a duel's wins): shown too
+    assert "avg return best 14.50 (p7) median 7.50, objective best 0.25 (p0) median 0.25 | busy" in duels, duels
+    assert appo.policies_line(appo.parse_args(["--num_policies", "8"])).endswith("TensorBoard under p0/ to p7/")
+    assert appo.policies_line(appo.parse_args(["--num_policies", "2"])) is None
