@@ -35,5 +35,6 @@ setup(
         "bench": ["faster-fifo", "matplotlib"],
         "wandb": ["wandb"],
         "video": ["imageio>=2.9", "imageio-ffmpeg>=0.4"],  # --save_video: H.264 through the ffmpeg they bring
+        "plot": ["matplotlib"],  # scripts/plot.py --out (it reads the summaries with tensorboard, installed anyway)
     },
 )
