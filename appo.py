@@ -7,7 +7,7 @@ Rollout workers step envs and write observations into shared trajectory slots; p
 read them in batches, run the model and write actions back; every `--rollout` steps a slot goes
 to the learner, which trains on it and publishes new weights. Queues carry slot indices only.
 
-The file reads in the order data flows (README.md has the diagram); each section's header
+The file reads in the order data flows (docs/architecture.md has the diagram); each section's header
 begins with its name:
 
     CONFIG                      flags, derived values, every check, before anything starts
@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--normalize_input", action="switch", default=False,
                        help="normalise each observation element by its running mean and std")
     # auto rather than float32: on this project's learning bench bfloat16 showed no score cost at equal
-    # frames on doom_basic and atari_space_invaders, and it trains faster (README, "bfloat16 or float32")
+    # frames on doom_basic and atari_space_invaders, and it trains faster (docs/results/ablations.md)
     model.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                        help="precision of the encoder (convs and the FC after them), which is most of the compute; "
                             "the RNN, heads, losses and the weights themselves stay float32. auto: bfloat16 where "
@@ -261,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="env frames at which linear_decay reaches 0 (default: --train_for_env_steps). Sample "
                             "Factory's reaches 0 at --env_frameskip x --train_for_env_steps (its schedule spans "
                             "--train_for_env_steps samples), so its runs end at 1 - 1/frameskip of the rate; on "
-                            "Atari that scored no higher (README, the Atari learning-rate horizon)")
+                            "Atari the two horizons differed by less than the seeds' spread "
+                            "(docs/results/ablations.md)")
     optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
     optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
     optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon")
@@ -2950,8 +2951,8 @@ def start_wandb(cfg):
     if os.path.exists(id_path):
         with open(id_path) as f:
             run_id = f.read().strip()
-    else:
-        run_id = uuid.uuid4().hex[:12]
+    else:  # a W&B sweep's agent names the run it started us for: a run of another id is not the sweep's
+        run_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:12]
         with open(id_path, "w") as f:
             f.write(run_id)
     run = wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
@@ -3055,7 +3056,8 @@ def lines_also_to(path: str):
 def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] | None = None) -> TrainResult:
     """Runs a whole training; returns its exit code and final figures (TrainResult). Its lines also
     go to train.log in the experiment's folder. From Python: cfg = parse_args([...flags]), then
-    flag_errors(cfg) (what main() checks first), then train(cfg). `watch`, if given, is called
+    flag_errors(cfg) and start_afresh(cfg) (what main() does first), then train(cfg); see
+    scripts/optuna_search.py. `watch`, if given, is called
     every round of the runner's loop with the shared state, the workers and the runner's stats
     (scripts/chaos.py kills processes from there and checks that the run recovers)."""
     log = "train.log" if cfg.rank == 0 else f"train_rank{cfg.rank}.log"

@@ -687,7 +687,7 @@ DOOM = Family(  # every single-player scenario (the matches are a family of thei
     flag_defaults={
         "env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
         # our measurement, not Sample Factory's 1024 (cfg.py): batches of 512, twice the SGD steps per
-        # frame (README, "What the Doom family's defaults do")
+        # frame (docs/results/ablations.md, "What the Doom family's defaults do")
         "batch_size": 512,
         "with_vtrace": False,  # cfg.py: GAE with lambda 0.95
         "normalize_input": True, "ppo_clip_value": 0.2,  # doom_params.py
@@ -1580,15 +1580,15 @@ ATARI = Family(
         "rollout": 128, "batch_size": 256, "num_batches_per_epoch": 4, "num_epochs": 4,  # 16 steps of 256
         # linear_decay to 0 at the budget: CleanRL's ppo_atari.py (anneal_lr) and Stable-Baselines3's
         # zoo (lin_2.5e-4), the schedule atari_params.py means to match. Sample Factory's own reaches 0
-        # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). README, "The Atari
-        # learning-rate horizon", compares the two
+        # at 4x the budget (it counts samples, not frames; see --lr_decay_frames). docs/results/ablations.md,
+        # "The Atari learning-rate horizon", compares the two
         "with_vtrace": False, "learning_rate": 2.5e-4, "lr_schedule": "linear_decay",
         # the budget, and so the schedule's horizon, of CleanRL's ppo_atari.py (10M steps) and of
         # atari_params.py (10M samples): 40M frames at frameskip 4; a budget of your own replaces it
         "train_for_env_steps": 40_000_000,
         "max_grad_norm": 0.5, "adam_eps": 1e-5, "normalize_input": True, "exploration_loss_coeff": 0.01,
         # collect a batch, then train on it, as atari_params.py does (the batch is whole rollouts of
-        # every env: appo.fit_synchronous_batches); README's Atari learning table compares it with asynchronous
+        # every env: appo.fit_synchronous_batches); docs/results/learning.md compares it with asynchronous
         "async_rl": False,
     },
 )
@@ -1981,8 +1981,8 @@ def _unknown_gym_id(name: str) -> tuple[type[Exception], str] | None:
     hint = f"did you mean {', '.join(close)}? " if close else ""
     return ValueError, (f"unknown Gymnasium id {env_id!r} in --env {name}: {hint}python -c 'import gymnasium; "
                         "gymnasium.pprint_registry()' lists the registered ids; an env of your own: register it "
-                        "with gymnasium.register in a module and name it gym:<module>:<id> (README: bring your "
-                        "own env)")
+                        "with gymnasium.register in a module and name it gym:<module>:<id> (docs/fork.md: bring "
+                        "your own env)")
 
 
 def make_gym_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> gym.Env:

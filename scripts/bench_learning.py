@@ -68,7 +68,7 @@ SUITE = {
 # (appo.py, Sample Factory) seeds per env. Atari's were (2, 1), the issue's minimum, until a third
 # appo.py seed moved both games' medians by more than the gap being measured; then (3, 2), (5, 2)
 # since seeds 4 and 5 moved breakout's median again, and (5, 3) since a third Sample Factory seed
-# on space_invaders scored below three of appo.py's five (README, the Atari table).
+# on space_invaders scored below three of appo.py's five (docs/results/learning.md, the Atari table).
 SEEDS = {"doom": (3, 2), "atari": (5, 3)}
 # The system configuration both trainers share. The rollout is each family's in Sample Factory's
 # published configuration (its cfg.py default 32; atari_params.py 128). Atari runs 8 envs, as

@@ -481,7 +481,7 @@ def step_eval(check: Check):
 # ---------------------------------------------------------------------------------------------
 
 def gpu_row(results: dict[str, dict], args) -> str | None:
-    """The README's throughput row: card, cores, configuration, FPS, pure simulation, share, score."""
+    """The GPU throughput row (README and docs/scaling.md): card, cores, configuration, FPS, pure simulation, share, score."""
     machine, train, bench = results.get("machine", {}), results.get("train", {}), results.get("throughput", {})
     if bench.get("status") != "passed":
         return None

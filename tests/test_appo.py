@@ -922,23 +922,23 @@ def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_p
     assert processes_still_tagged(tag) == []
 
 
-def test_readme_flag_tables_are_the_parsers_names_defaults_and_help():
-    """The README's flag tables are what scripts/update_readme_flags.py makes from the parser now:
-    a changed default or help text without a README update fails here."""
+def test_the_flag_tables_of_the_docs_are_the_parsers_names_defaults_and_help():
+    """docs/flags.md's tables are what scripts/update_flag_docs.py makes from the parser now: a
+    changed default or help text without a docs update fails here."""
     sys.path.insert(0, os.path.join(REPO, "scripts"))
-    import update_readme_flags
+    import update_flag_docs
 
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
-    assert update_readme_flags.flag_tables() in readme, "run python scripts/update_readme_flags.py"
+    with open(os.path.join(REPO, "docs", "flags.md")) as f:
+        page = f.read()
+    assert update_flag_docs.flag_tables() in page, "run python scripts/update_flag_docs.py"
 
 
-def test_readme_documents_every_flag():
-    with open(os.path.join(REPO, "README.md")) as f:
-        readme = f.read()
+def test_the_docs_document_every_flag():
+    with open(os.path.join(REPO, "docs", "flags.md")) as f:
+        page = f.read()
     for action in appo.build_parser()._actions:
         if action.option_strings and action.dest != "help":
-            assert f"`{action.option_strings[0]}" in readme, action.option_strings[0]
+            assert f"`{action.option_strings[0]}" in page, action.option_strings[0]
 
 
 def test_running_normalizer_matches_the_statistics_of_all_batches_seen():

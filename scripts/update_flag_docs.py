@@ -1,6 +1,6 @@
-"""Rewrites the flag tables in README.md from appo.py's argparse definitions.
+"""Rewrites the flag tables in docs/flags.md from appo.py's argparse definitions.
 
-    python scripts/update_readme_flags.py
+    python scripts/update_flag_docs.py
 
 Run it after adding or changing a flag; tests/test_appo.py checks that every flag is documented.
 """
@@ -33,12 +33,12 @@ def flag_tables() -> str:
 
 
 def main():
-    path = os.path.join(REPO, "README.md")
+    path = os.path.join(REPO, "docs", "flags.md")
     with open(path) as f:
         text = f.read()
-    start, end = text.index("Every flag, with its default"), text.index("## What it logs")
+    start = text.index("Every flag, with its default")  # the tables run to the end of the page
     with open(path, "w") as f:
-        f.write(text[:start] + flag_tables() + text[end:])
+        f.write(text[:start] + flag_tables())
     print(f"updated the flag tables in {path}")
 
 
