@@ -1,7 +1,7 @@
 """Chaos run: a real training while a killer SIGKILLs its processes, and a report of what the run
 lost (it should be nothing).
 
-    python scripts/chaos.py                       # 10 minutes, a kill every ~5 s (the README's figures)
+    python scripts/chaos.py                       # 10 minutes, a kill every ~5 s (the figures in docs/faults.md)
     python scripts/chaos.py --minutes 1 --kill_every 2 --json chaos.json
     python scripts/chaos.py --config synchronous  # atari_breakout, synchronous collection
 
@@ -9,12 +9,14 @@ The run: 2 rollout workers x 2 splits, 2 policy workers, one learner (appo.train
 the killer runs in its `watch` callback), on doom_basic collecting asynchronously (--config
 asynchronous, the default) or on atari_breakout collecting synchronously, its family's default
 (--config synchronous: splits park until the weights trained on their batch arrive, and the
-policy lag must stay 0). Every kill picks one of:
+policy lag must stay 0). The kills take these kinds in turn, in an order drawn once (so a short
+run has every kind), at random instants and on random victims:
 - a rollout worker, a policy worker or a VizDoom game process, at a random instant;
 - a policy worker at an instant a rollout worker holds a split (it is stepping that split's envs):
   the requests it sends next go into the queues the runner drains, and are asked again, so the
   policy workers can answer a split twice (review row 1 of ../shared/notes/ipc-review.md);
-- a rollout worker at an instant a finished slot is on its way to the learner (row 2).
+- the rollout workers at an instant one of them has handed a finished slot to the learner that
+  the learner has not taken yet (row 2): all of them, since the queue does not say whose it is.
 The dangerous windows are milliseconds wide: the last two kinds wait for them (polling for up to
 2 s) instead of hoping to land in them.
 
@@ -95,6 +97,9 @@ class Killer:
     def __init__(self, args, cfg):
         self.args, self.cfg = args, cfg
         self.rng = random.Random(args.seed)
+        self.kinds = [kind for kind in KINDS if kind != "game process" or cfg.env.startswith("doom")]
+        self.rng.shuffle(self.kinds)
+        self.attempts = 0
         self.kills: Counter = Counter()
         self.started = None
         self.next_kill = 0.0
@@ -116,9 +121,9 @@ class Killer:
             self.next_kill = now + self.args.warmup_s
         self.keep_books(shared, now)
         if now >= self.next_kill and now < self.started + self.args.minutes * 60 - self.args.quiet_end_s:
-            kind = self.rng.choice([kind for kind in KINDS if kind != "game process" or self.cfg.env.startswith("doom")])
-            if self.kill(kind, shared, workers):
-                self.kills[kind] += 1
+            kind = self.kinds[self.attempts % len(self.kinds)]
+            self.attempts += 1
+            self.kills[kind] += self.kill(kind, shared, workers)
             self.next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.args.kill_every
 
     def keep_books(self, shared, now: float):
@@ -141,7 +146,8 @@ class Killer:
         elif frames > 0:  # pauses count once it has started
             self.longest_learner_pause = max(self.longest_learner_pause, now - self.learner_moved[1])
 
-    def kill(self, kind: str, shared, workers) -> bool:
+    def kill(self, kind: str, shared, workers) -> int:
+        """Kills one process of `kind` (all rollout workers for a slot in flight); how many it killed."""
         rollout = [c for c in workers.children if c.kind == "rollout worker" and c.process.is_alive()]
         policy = [c for c in workers.children if c.kind == "policy worker" and c.process.is_alive()]
         if kind == "policy worker while a split steps":
@@ -151,9 +157,11 @@ class Killer:
                 return False
             return self.sigkill(self.rng.choice(policy).process.pid) if policy else False
         if kind == "rollout worker with a slot in flight":
+            # The queue does not say whose slot it carries, so every rollout worker goes: the sender
+            # among them (each kill counts, and each restart is expected)
             if not self.wait_for(lambda: shared.learner_queues[0].qsize() > 0):
-                return False
-            return self.sigkill(self.rng.choice(rollout).process.pid) if rollout else False
+                return 0
+            return sum(self.sigkill(child.process.pid) for child in rollout)
         if kind == "game process":
             games = [pid for child in rollout for pid in game_processes(child.process.pid)]
             return self.sigkill(self.rng.choice(games)) if games else False
