@@ -33,7 +33,7 @@ def trained_versions(tmp_path, policy_id):
 def test_two_policies_learn_from_duels_against_each_other_and_past_versions(tmp_path):
     tag = uuid.uuid4().hex
     result = run_duel(tmp_path, tag, "--past_opponents_fraction", "0.5", "--past_opponent_refresh_sec", "5",
-                      "--train_for_seconds", "60")
+                      "--train_for_seconds", "40")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     for policy_id in range(2):  # both learners trained on duel experience
@@ -46,6 +46,9 @@ def test_two_policies_learn_from_duels_against_each_other_and_past_versions(tmp_
 def test_past_opponents_need_a_multi_agent_env(tmp_path):
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic",
                "--past_opponents_fraction", "0.5", "--train_dir", str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    tag = uuid.uuid4().hex
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env=dict(os.environ, APPO_TEST_TAG=tag))
     assert result.returncode == 2
+    assert processes_still_tagged(tag) == []  # refused before anything was spawned
     assert "--past_opponents_fraction needs a multi-agent env" in result.stderr

@@ -4,11 +4,13 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
 
 import appo
+from conftest import processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,8 +57,11 @@ def test_a_breakpoint_in_the_loss_stops_under_pdb(tmp_path):
     in_loss = lines.index(next(text for text in lines if text.startswith("def appo_loss(")))
     line = 1 + next(number for number in range(in_loss, len(lines)) if lines[number].strip() == "action_dist = model.action_dist")
     commands = f"break {os.path.join(REPO, 'appo.py')}:{line}\ncontinue\np policy_version >= 0\nquit\n"
+    tag = uuid.uuid4().hex
     result = subprocess.run([sys.executable, "-m", "pdb", os.path.join(REPO, "appo.py"),
                              *serial_flags(tmp_path, "pdb", frames=100_000)],
-                            input=commands, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+                            input=commands, capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                            env=dict(os.environ, APPO_TEST_TAG=tag))
     assert "appo_loss()" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
     assert "(Pdb) True" in result.stdout  # it evaluated an argument of the loss, in the loss's frame
+    assert processes_still_tagged(tag) == []  # quitting the debugger ends the run's env processes too
