@@ -70,6 +70,9 @@ def parse_args():
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds of training before the trainers' FPS counts")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each leg; the table shows medians")
+    parser.add_argument("--report_every", type=float, default=10.0,
+                        help="appo.py's status interval, the grain of its measurement (Sample Factory reports "
+                             "every 10 s); shorter only to make a short leg finish sooner")
     parser.add_argument("--legs", default="pure,ceiling,ours,ours_fp32,sf",
                         help="comma-separated legs to run, from: " + ",".join(LEGS))
     parser.add_argument("--sf_python", default=None,
@@ -342,12 +345,12 @@ OURS_LAG = re.compile(r"lag \d+/([\d.]+)/\d+")
 
 
 def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> dict:
-    """appo.py's FPS from the `trained` count of its status lines (every 10 s), like Sample
+    """appo.py's FPS from the `trained` count of its status lines (every --report_every s), like Sample
     Factory's; it trains until warm-up and measurement are over, counted from its first trained frames."""
     with tempfile.TemporaryDirectory() as train_dir:
         command = [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags, *extra_flags,
-                   "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", "10", *NO_CHECKPOINTS]
-        lines = run_logged_until(command, args.warmup + args.seconds + 10, started=trained_frames_of_ours)
+                   "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", str(args.report_every), *NO_CHECKPOINTS]
+        lines = run_logged_until(command, args.warmup + args.seconds + args.report_every, started=trained_frames_of_ours)
     fps, busy, lags, points = [], [], [], []
     start = next((when for when, line in lines if trained_frames_of_ours(line)), None)
     for when, line in lines:

@@ -84,7 +84,7 @@ def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "doom_basic",
                "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1",
                "--batch_size", "128", "--rollout", "16", "--legs", "pure,ceiling,ours,ours_fp32",
-               "--seconds", "6", "--warmup", "0", "--json"]
+               "--seconds", "4", "--warmup", "0", "--report_every", "2", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                             env={**os.environ, "BENCH_TEST_TAG": tag})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -149,7 +149,7 @@ def pbt_files(tmp_path):
 @pytest.mark.slow
 def test_population_run_mutates_replaces_and_resumes(tmp_path):
     tag = uuid.uuid4().hex
-    first = run_population(tmp_path, tag, seconds=50)
+    first = run_population(tmp_path, tag, seconds=40)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "pbt: round at" in first.stdout, first.stdout[-3000:]
     assert "takes the weights and hyperparameters of policy" in first.stdout
