@@ -81,6 +81,10 @@ def parse_args():
                         help="comma-separated envs-per-worker values: one row per value")
     parser.add_argument("--plot", default=None, help="PNG of FPS against the number of envs (needs matplotlib)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--out", default=None,
+                        help="also write a result file (JSON): the figures, the command, and the commit of the "
+                             "code and bench that made them, with any uncommitted file named")
+    parser.add_argument("--report", default=None, help="run nothing: print the table of a result file from --out")
     parser.add_argument("trainer_flags", nargs="*",
                         help="after --: more appo.py flags for our trainer (model flags apply to the ceiling too)")
     args = parser.parse_args()
@@ -544,7 +548,25 @@ def plot(results: list[dict], path: str):
     figure.savefig(path, dpi=120)
 
 
+def provenance(args) -> dict:
+    """What a result file needs to be reproduced: the command, the commit of everything that made it
+    (trainer, C++ core, this bench), the files of those that differed from it, the machine."""
+    def git(*command):
+        return subprocess.run(["git", *command], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    uncommitted = git("status", "--porcelain", "--", "appo.py", "env.py", "csrc", "scripts", "setup.py")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    return {"command": " ".join(["python", "scripts/bench_throughput.py", *sys.argv[1:]]), "commit": git("rev-parse", "HEAD"),
+            "uncommitted": [line[3:] for line in uncommitted.splitlines()], "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
+
+
 def main():
+    if "--report" in sys.argv:  # before parse_args: a report needs no env or trainer
+        with open(sys.argv[sys.argv.index("--report") + 1]) as f:
+            saved = json.load(f)
+        print("\n".join(f"# {key}: {value}" for key, value in saved["provenance"].items()))
+        print(format_table(saved["results"]))
+        return
     args = parse_args()
     # a SIGTERM unwinds like Ctrl-C, so every leg's cleanup runs
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(1))
@@ -558,6 +580,9 @@ def main():
         print(f"warning: left in /dev/shm: {sorted(leaked)}", file=sys.stderr)
     if args.plot:
         plot(results, args.plot)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"provenance": provenance(args), "results": results}, f, indent=1)
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=1))
     else:

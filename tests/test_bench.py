@@ -84,7 +84,8 @@ def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "doom_basic",
                "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1",
                "--batch_size", "128", "--rollout", "16", "--legs", "pure,ceiling,ours,ours_fp32",
-               "--seconds", "4", "--warmup", "0", "--report_every", "2", "--json"]
+               "--seconds", "4", "--warmup", "0", "--report_every", "2", "--json",
+               "--out", str(tmp_path / "result.json")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                             env={**os.environ, "BENCH_TEST_TAG": tag})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -98,6 +99,12 @@ def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
     ours = figures["runs"]["ours"][0]
     assert set(ours["busy_percent"]) == {"env", "inference", "learner"}
     assert processes_tagged(tag) == []  # and conftest checks /dev/shm
+    saved = json.loads((tmp_path / "result.json").read_text())  # the result file: figures and where they came from
+    assert saved["results"][0]["ours_fps"] == figures["ours_fps"]
+    assert len(saved["provenance"]["commit"]) == 40 and "--legs" in saved["provenance"]["command"]
+    report = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--report",
+                             str(tmp_path / "result.json")], capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0 and "doom_basic" in report.stdout and "# commit:" in report.stdout, report.stderr
 
 
 def test_random_steps_drive_a_multi_agent_env_to_its_next_match():
