@@ -874,8 +874,11 @@ def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
                "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "128", "--num_epochs", "8",
                "--hidden_size", "128", "--train_for_seconds", "30", "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--seed", "1"]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    tag = uuid.uuid4().hex
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=dict(os.environ, APPO_TEST_TAG=tag))
     assert run.returncode == 0, run.stderr[-3000:]
+    assert processes_still_tagged(tag) == []
     lags = [tuple(float(v) for v in match.groups()) for match in map(LAG.search, run.stdout.splitlines()) if match]
     steady = lags[len(lags) // 3:]  # after the first batches
     assert len(steady) >= 5, run.stdout[-3000:]
@@ -893,8 +896,11 @@ def test_synchronous_collection_trains_every_batch_on_the_weights_that_acted_it(
                "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "256", "--num_epochs", "4",
                "--hidden_size", "64", "--no-async_rl", "--train_for_env_steps", "24000", "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--seed", "1"]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    tag = uuid.uuid4().hex
+    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=dict(os.environ, APPO_TEST_TAG=tag))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert processes_still_tagged(tag) == []
     lags = [tuple(float(v) for v in match.groups()) for match in map(LAG.search, run.stdout.splitlines()) if match]
     assert len(lags) >= 3, run.stdout[-3000:]
     assert all(lag == (0, 0, 0) for lag in lags), lags

@@ -4,11 +4,13 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 import pytest
 
 import appo
+from conftest import processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,9 +25,13 @@ def save_untrained_policy(train_dir, env_name: str, *flags: str) -> str:
 
 
 def run_eval(train_dir, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), "--mode", "eval", "--train_dir",
-                           str(train_dir), "--experiment", "played", *flags],
-                          capture_output=True, text=True, timeout=300)
+    """appo.py --mode eval, checked to have left none of its processes (the game's, for VizDoom)."""
+    tag = uuid.uuid4().hex
+    result = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), "--mode", "eval", "--train_dir",
+                             str(train_dir), "--experiment", "played", *flags],
+                            capture_output=True, text=True, timeout=300, env=dict(os.environ, APPO_TEST_TAG=tag))
+    assert processes_still_tagged(tag) == []
+    return result
 
 
 def decoded_video(path: str) -> tuple[str, str, int, set[tuple[int, int]]]:
