@@ -644,6 +644,8 @@ def parse_args(argv=None):
     if problems:
         parser.error("; ".join(problems))
     args.plot_dir = args.plot_dir or args.results_dir
+    if args.sf_python:  # its runs and the task probe start in other folders
+        args.sf_python = os.path.abspath(args.sf_python)
     return args
 
 

@@ -98,6 +98,8 @@ def parse_args():
         parser.error(f"--sf_python {args.sf_python} is not an executable; make one with "
                      "scripts/setup_sample_factory.sh")
     args.legs = legs
+    if args.sf_python:  # its runs start in other folders
+        args.sf_python = os.path.abspath(args.sf_python)
     args.envs_per_worker = [int(v) for v in args.sweep.split(",")] if args.sweep else [args.num_envs_per_worker]
     return args
 
@@ -279,20 +281,23 @@ def trained_frames_of_ours(line: str) -> int:
     return int(match.group(1).replace(",", "")) if match else 0
 
 
-def run_logged_until(command: list[str], seconds_after_start: float, started, cwd: str = REPO
-                     ) -> list[tuple[float, str]]:
+def run_logged_until(command: list[str], seconds_after_start: float, started, cwd: str = REPO,
+                     env: dict | None = None, on_line=None) -> list[tuple[float, str]]:
     """Runs `command` in its own process group and returns its output as (seconds since launch,
     line) pairs; stops it `seconds_after_start` after the first line for which started(line) holds
     (or 180 s later if none comes), so that every trainer's warm-up counts from the same event.
-    Whatever the command leaves behind (processes, VizDoom's /dev/shm files) is removed."""
+    `on_line(process, line)`, if given, is called as each line arrives (scripts/cpu_accounting.py
+    reads /proc then). Whatever the command leaves behind (processes, VizDoom's /dev/shm files) is removed."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+                               start_new_session=True, env=env)
     lines, launch, start = [], time.monotonic(), [None]
 
     def read_lines():
         for line in process.stdout:
             now = time.monotonic() - launch
             lines.append((now, line.rstrip("\n")))
+            if on_line is not None:
+                on_line(process, line)
             if start[0] is None and started(line):
                 start[0] = now
 
@@ -555,7 +560,8 @@ def provenance(args) -> dict:
         return subprocess.run(["git", *command], cwd=REPO, capture_output=True, text=True).stdout.strip()
     uncommitted = git("status", "--porcelain", "--", "appo.py", "env.py", "csrc", "scripts", "setup.py")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    return {"command": " ".join(["python", "scripts/bench_throughput.py", *sys.argv[1:]]), "commit": git("rev-parse", "HEAD"),
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
+    return {"command": " ".join(["python", script, *sys.argv[1:]]), "commit": git("rev-parse", "HEAD"),
             "uncommitted": [line[3:] for line in uncommitted.splitlines()], "date": time.strftime("%Y-%m-%d %H:%M %Z"),
             "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
 
