@@ -15,6 +15,7 @@ from conftest import processes_tagged
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import bench_throughput as bench  # noqa: E402
+import cpu_accounting  # noqa: E402
 
 
 def test_the_benchmark_reads_fps_busy_time_and_lag_from_our_status_line():
@@ -120,3 +121,23 @@ def test_random_steps_drive_a_multi_agent_env_to_its_next_match():
         assert len(resets) == 1
     finally:
         duel.close()
+
+
+def test_cpu_accounting_divides_each_roles_cpu_over_the_span_by_its_frames():
+    """Samples at status lines: (time, frames collected, pid -> (role, CPU s)). The span starts
+    after the warm-up and ends at the last sample where every process of its start still ran (a
+    trainer's final line comes after its children stopped)."""
+    def sample(when, frames, learner_cpu, with_children=True):
+        cpu = {1: ("runner", 0.1 * when)}
+        if with_children:
+            cpu.update({2: ("learner", learner_cpu), 3: ("rollout workers", 0.5 * when), 4: ("env", 0.25 * when)})
+        return when, frames, cpu
+    samples = [sample(0.0, 0, 0.0), sample(5.0, 1000, 2.0), sample(10.0, 3000, 6.0), sample(15.0, 5000, 10.0),
+               sample(16.0, 5100, 0.0, with_children=False)]
+    costs = cpu_accounting.span_costs(samples, warmup=0.0, seconds=10.0)
+    assert costs["frames"] == 4000 and costs["seconds"] == 10.0 and costs["fps"] == 400
+    per_role = costs["cpu_per_1000_frames"]
+    assert per_role["learner"] == pytest.approx(1000 * 8.0 / 4000) and per_role["rollout workers"] == pytest.approx(1.25)
+    assert per_role["env"] == pytest.approx(0.625) and per_role["runner"] == pytest.approx(0.25)
+    assert costs["cores_busy"] == pytest.approx((8.0 + 5.0 + 2.5 + 1.0) / 10.0)
+    assert "error" in cpu_accounting.span_costs(samples, warmup=0.0, seconds=60.0)  # no span that long
