@@ -33,6 +33,7 @@ medians. Nothing is left running or in /dev/shm afterwards.
   python scripts/bench_throughput.py --sweep 2,4,8,16 --legs pure,ours --plot docs/fps_vs_envs.png
 """
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -418,18 +419,25 @@ def sf_reports_training(line: str) -> bool:
     return bool(match) and match.group(1) != "nan"
 
 
+@contextlib.contextmanager
+def semaphores_removed():
+    """Removes the multiprocessing semaphores that appear in /dev/shm meanwhile: killing Sample
+    Factory's process group also kills its resource tracker, which would have removed them."""
+    before = {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")}
+    try:
+        yield
+    finally:
+        for name in os.listdir("/dev/shm"):
+            if name.startswith("sem.mp-") and name not in before:
+                os.unlink(os.path.join("/dev/shm", name))
+
+
 def measure_sample_factory(args, flags: list[str]) -> dict:
     """Sample Factory's own FPS line (frames its learner trained, over 10 s). Its
     `--train_for_seconds` never stops a run: it is stopped here after warm-up and measurement."""
-    semaphores_before = {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")}
-    with tempfile.TemporaryDirectory() as train_dir:
+    with semaphores_removed(), tempfile.TemporaryDirectory() as train_dir:
         lines = run_logged_until(sample_factory_command(args, flags, train_dir), args.warmup + args.seconds + 10,
                                  started=sf_reports_training, cwd=train_dir)
-    # killing its process group also kills its multiprocessing resource tracker, which would
-    # have removed its semaphores
-    for name in os.listdir("/dev/shm"):
-        if name.startswith("sem.mp-") and name not in semaphores_before:
-            os.unlink(os.path.join("/dev/shm", name))
     first_fps = next((when for when, line in lines if sf_reports_training(line)), None)
     fps, last_time, points = [], None, []
     for when, line in lines:

@@ -154,7 +154,7 @@ def measure_ours(args) -> dict:
 
 
 def measure_sample_factory(args) -> dict:
-    with tempfile.TemporaryDirectory() as train_dir:
+    with bench.semaphores_removed(), tempfile.TemporaryDirectory() as train_dir:
         with open(os.path.join(train_dir, "sitecustomize.py"), "w") as f:
             f.write(NAMING_SITECUSTOMIZE)
         command = bench.sample_factory_command(args, bench.trainer_config(args, args.num_envs_per_worker), train_dir)
