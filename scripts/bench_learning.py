@@ -175,7 +175,10 @@ def same_but_code(saved: dict, config: dict) -> bool:
 
 
 def result_path(args, trainer: str, env_name: str, seed: int) -> str:
-    return os.path.join(args.results_dir, env_name, f"{trainer}_seed{seed}.json")
+    # Sample Factory's named configurations other than its published one get files of their own, so
+    # that both can live in one folder (a held-out env's, say)
+    label = trainer if trainer == "appo" or args.sf_config == "published" else f"sf_{args.sf_config}"
+    return os.path.join(args.results_dir, env_name, f"{label}_seed{seed}.json")
 
 
 def load_result(path: str) -> dict | None:
@@ -346,7 +349,7 @@ def run_one(args, config: dict) -> dict:
           flush=True)
     load_before = os.getloadavg()[0]
     train_dir = tempfile.mkdtemp(prefix=f"bench_learning_{trainer}_")
-    log_path = os.path.join(args.results_dir, env_name, f"{trainer}_seed{seed}.log")
+    log_path = result_path(args, trainer, env_name, seed).removesuffix(".json") + ".log"
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     try:
         command = trainer_command(args, config, train_dir)
@@ -679,6 +682,9 @@ def main(argv=None):
                     continue
                 if args.report_only or trainer not in args.trainers:
                     continue  # nothing saved for this configuration, and not asked to run it
+                if saved is not None and not same_but_code(saved, config):  # a run at other code is re-run
+                    raise SystemExit(f"error: {path} holds a run of another configuration (flags or Sample Factory "
+                                     "configuration): give this one a --results_dir of its own")
                 result = run_one(args, config)
                 save_json(path, result)
                 results[trainer].append(result)
