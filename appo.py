@@ -136,6 +136,9 @@ def integer(text: str) -> int:
     return int(value)
 
 
+UNLIMITED_FRAMES, UNLIMITED_SECONDS = 10_000_000_000, 1e10  # the budgets' defaults: no budget
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = FlagParser(
         description="Asynchronous PPO with V-trace (Sample Factory's APPO) on one machine.",
@@ -159,9 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "it (deleted, then from scratch). Sample Factory's flag and meanings")
     general.add_argument("--seed", type=int, default=None,
                          help="random seed (default: drawn at random; a run prints it and config.json keeps it)")
-    general.add_argument("--train_for_env_steps", type=integer, default=10_000_000_000,
+    general.add_argument("--train_for_env_steps", type=integer, default=UNLIMITED_FRAMES,
                          help="stop after this many env frames (frameskip included)")
-    general.add_argument("--train_for_seconds", type=float, default=1e10,
+    general.add_argument("--train_for_seconds", type=float, default=UNLIMITED_SECONDS,
                          help="stop after this many seconds of training")
     general.add_argument("--save_every_sec", type=float, default=120.0,
                          help="seconds between checkpoints (one is also written at exit)")
@@ -2821,8 +2824,6 @@ def policies_line(cfg) -> str | None:
     return (f"{cfg.num_policies} policies: status lines show the highest lag and the best and median average "
             f"return; each policy's figures are in TensorBoard under p0/ to p{cfg.num_policies - 1}/")
 
-
-UNLIMITED_FRAMES, UNLIMITED_SECONDS = 10_000_000_000, 1e10  # the budgets' defaults: no budget
 
 
 def progress(cfg, stats: Stats, shared: Shared, elapsed: float) -> str | None:

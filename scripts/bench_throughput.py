@@ -354,12 +354,17 @@ OURS_BUSY = re.compile(r"busy env (\d+)% inference (\d+)% learner (\d+)%")
 OURS_LAG = re.compile(r"lag \d+/([\d.]+)/\d+")
 
 
+def ours_command(args, flags: list[str], train_dir: str, report_every: float) -> list[str]:
+    """appo.py with these flags and the bench's own (after --), in `train_dir`, never checkpointing."""
+    return [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags, "--train_dir", train_dir,
+            "--experiment", "bench", "--report_every_sec", str(report_every), *NO_CHECKPOINTS]
+
+
 def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> dict:
     """appo.py's FPS from the `trained` count of its status lines (every --report_every s), like Sample
     Factory's; it trains until warm-up and measurement are over, counted from its first trained frames."""
     with tempfile.TemporaryDirectory() as train_dir:
-        command = [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags, *extra_flags,
-                   "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", str(args.report_every), *NO_CHECKPOINTS]
+        command = ours_command(args, [*flags, *extra_flags], train_dir, args.report_every)
         lines = run_logged_until(command, args.warmup + args.seconds + args.report_every, started=trained_frames_of_ours)
     fps, busy, lags, points = [], [], [], []
     start = next((when for when, line in lines if trained_frames_of_ours(line)), None)

@@ -147,9 +147,7 @@ def sf_frames(line: str) -> int:
 
 def measure_ours(args) -> dict:
     with tempfile.TemporaryDirectory() as train_dir:
-        command = [sys.executable, os.path.join(REPO, "appo.py"), *bench.trainer_config(args, args.num_envs_per_worker),
-                   *args.trainer_flags, "--train_dir", train_dir, "--experiment", "cpu", "--report_every_sec", "5",
-                   *bench.NO_CHECKPOINTS]
+        command = bench.ours_command(args, bench.trainer_config(args, args.num_envs_per_worker), train_dir, 5.0)
         return measure_trainer(command, OUR_ROLES, ours_frames, args.warmup, args.seconds)
 
 
