@@ -2,7 +2,7 @@
 configuration, next to pure simulation: where a many-core machine's cores would go.
 
     python scripts/cpu_accounting.py --env doom_basic --sf_python .venv-sf/bin/python
-    python scripts/cpu_accounting.py --report docs/bench/cpu/doom_basic_COMMIT.json
+    python scripts/cpu_accounting.py --report docs/bench/cpu/doom_basic_COMMIT.json --cores 16,36
 
 On a GPU box the learner and the policy workers run on the GPU and the cores do one thing: step
 envs and move their data, so frames per second = cores / (CPU seconds per frame on the rollout
@@ -23,6 +23,10 @@ as its kernel name; nothing else of Sample Factory changes.
 
 Pure simulation: the same envs created in this process and stepped with random actions, one after
 the other, for --seconds: the game processes' CPU and this process's (the Python side of a step).
+
+--report also projects each leg to machines of --cores cores with a GPU: (cores - --gpu_side_cores)
+/ the rollout side's CPU per frame (env + rollout workers; pure simulation gets every core). It
+is an upper bound for cores like these: the GPU side can bind first, as on the one GPU run so far.
 """
 import argparse
 import json
@@ -202,12 +206,46 @@ def format_table(result: dict) -> str:
     return "\n".join(lines + errors)
 
 
+ROLLOUT_SIDE = ("env", "rollout workers")
+
+
+def rollout_side(leg: dict) -> float:
+    """CPU seconds per 1,000 frames that stepping the envs costs: the games and the rollout workers."""
+    return sum(leg["cpu_per_1000_frames"].get(role, 0.0) for role in ROLLOUT_SIDE)
+
+
+def projection(result: dict, machines: list[int], gpu_side_cores: float) -> str:
+    """Frames per second of a machine with C cores and a GPU, where the learner and the policy workers
+    compute on the GPU and every core left is stepping envs: (C - gpu_side_cores) / the rollout side's
+    CPU per frame (pure simulation gets all C). gpu_side_cores is what the GPU-side processes still
+    take of the cores (their Python, queues and copies), which a CPU-only run cannot tell. An upper
+    bound: the GPU side can bind first (docs/gpu.md), and cores of another machine cost otherwise."""
+    legs = [leg for leg in ("pure", "ours", "sf") if "cpu_per_1000_frames" in result.get(leg, {})]
+    titles = {"pure": "pure simulation", "ours": "appo.py", "sf": "Sample Factory"}
+    lines = [f"Projected frames/s with a GPU, {result['env']}: (cores - {gpu_side_cores:g}) / rollout-side CPU per frame "
+             "(pure simulation: cores / its CPU per frame)", "",
+             "| cores | " + " | ".join(titles[leg] for leg in legs) + " |", "|---" * (len(legs) + 1) + "|",
+             "| rollout side, CPU s / 1,000 frames | " + " | ".join(f"{rollout_side(result[leg]):.3f}" for leg in legs) + " |"]
+    for cores in machines:
+        rates = [1000 * (cores if leg == "pure" else cores - gpu_side_cores) / rollout_side(result[leg]) for leg in legs]
+        lines.append(f"| {cores} | " + " | ".join(f"{rate:,.0f}" for rate in rates) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     if "--report" in sys.argv:
-        with open(sys.argv[sys.argv.index("--report") + 1]) as f:
+        report = argparse.ArgumentParser(description="the table of a result file, and a projection")
+        report.add_argument("--report", required=True, help="a result file of this script")
+        report.add_argument("--cores", default="16,36", help="machines to project to, by their cores")
+        report.add_argument("--gpu_side_cores", type=float, default=2.0,
+                            help="cores the GPU-side processes take (one policy worker and one learner)")
+        args = report.parse_args()
+        with open(args.report) as f:
             saved = json.load(f)
         print("\n".join(f"# {key}: {value}" for key, value in saved["provenance"].items()))
         print(format_table(saved))
+        print()
+        print(projection(saved, [int(cores) for cores in args.cores.split(",")], args.gpu_side_cores))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="doom_basic")

@@ -141,3 +141,14 @@ def test_cpu_accounting_divides_each_roles_cpu_over_the_span_by_its_frames():
     assert per_role["env"] == pytest.approx(0.625) and per_role["runner"] == pytest.approx(0.25)
     assert costs["cores_busy"] == pytest.approx((8.0 + 5.0 + 2.5 + 1.0) / 10.0)
     assert "error" in cpu_accounting.span_costs(samples, warmup=0.0, seconds=60.0)  # no span that long
+
+
+def test_the_projection_divides_the_cores_left_by_the_rollout_sides_cpu_per_frame():
+    """Only the env and rollout-worker rows count (the learner and policy workers compute on the GPU);
+    pure simulation gets every core, the trainers all but the GPU side's."""
+    def leg(env, rollout, learner):
+        return {"cpu_per_1000_frames": {"env": env, "rollout workers": rollout, "learner": learner}}
+    result = {"env": "doom_basic", "pure": leg(0.1, 0.1, 0.0), "ours": leg(0.2, 0.05, 9.0), "sf": leg(0.3, 0.2, 0.1)}
+    table = cpu_accounting.projection(result, machines=[16, 36], gpu_side_cores=2.0)
+    assert "| 16 | 80,000 | 56,000 | 28,000 |" in table  # 16 / 0.2, 14 / 0.25, 14 / 0.5, per 1,000 frames
+    assert "| 36 | 180,000 | 136,000 | 68,000 |" in table
