@@ -306,11 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="for debugging: rollout workers, policy workers and learners run in this one process, "
                              "in turn, with in-process queues (no child processes), so a debugger stops in any of "
                              "them (python -m pdb appo.py --serial_mode ...), and with --seed two runs train alike")
-    system.add_argument("--set_workers_cpu_affinity", action="switch", default=True,
+    system.add_argument("--set_workers_cpu_affinity", action="switch", default=False,
                         help="pin each rollout worker, with the game processes of its envs, to one core (round "
                              "robin) and lower its priority, so that learners and policy workers, which everyone "
-                             "waits on, run first; a worker and its games then hand each step over on one core. "
-                             "Sample Factory's default too (docs/measurements.md)")
+                             "waits on, run first; a worker and its games then hand each step over on one core "
+                             "(the Doom family's default: docs/measurements.md)")
 
     pbt = parser.add_argument_group("self-play and population-based training")
     pbt.add_argument("--past_opponents_fraction", type=float, default=0.0,

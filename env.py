@@ -692,6 +692,9 @@ DOOM = Family(  # every single-player scenario (the matches are a family of thei
         "with_vtrace": False,  # cfg.py: GAE with lambda 0.95
         "normalize_input": True, "ppo_clip_value": 0.2,  # doom_params.py
         "exploration_loss": "symmetric_kl", "exploration_loss_coeff": 0.001,  # doom_params.py
+        # cfg.py, and our measurement: a rollout worker and its game processes on one core spend less
+        # CPU a frame at the same FPS (docs/measurements.md); the Atari family's trained slower pinned
+        "set_workers_cpu_affinity": True,
     },
     game_fps=lambda name: 35.0,  # Doom's tic rate
     add_flags=add_doom_flags,

@@ -22,7 +22,8 @@ multiprocessing child its Process name (`rollout_proc0`, `inference_proc0-0`, `l
 as its kernel name; nothing else of Sample Factory changes.
 
 Pure simulation: the same envs created in this process and stepped with random actions, one after
-the other, for --seconds: the game processes' CPU and this process's (the Python side of a step).
+the other, for --seconds: the game processes' CPU and this process's (the Python side of a step);
+on one core with its games where the trainer pins its rollout workers (the Doom family).
 
 --report also projects each leg to machines of --cores cores with a GPU: (cores - --gpu_side_cores)
 / the rollout side's CPU per frame (env + rollout workers; pure simulation gets every core). It
@@ -167,8 +168,13 @@ def measure_sample_factory(args) -> dict:
 def measure_pure_simulation(args) -> dict:
     """The envs stepped with random actions in this process, one after the other."""
     cfg = appo.parse_args(bench.trainer_config(args, args.num_envs_per_worker) + args.trainer_flags)
-    made = [envs.create_env(args.env, cfg, env_index=i) for i in range(args.num_workers * args.num_envs_per_worker)]
+    cores = os.sched_getaffinity(0)
+    if cfg.set_workers_cpu_affinity:  # on one core with its games, as the trainer pins a rollout worker
+        os.sched_setaffinity(0, {min(cores)})
+    made = []
     try:
+        for i in range(args.num_workers * args.num_envs_per_worker):
+            made.append(envs.create_env(args.env, cfg, env_index=i))
         for env in made:
             env.reset(seed=len(made))
         frames, me = 0, os.getpid()
@@ -181,6 +187,7 @@ def measure_pure_simulation(args) -> dict:
     finally:
         for env in made:
             env.close()
+        os.sched_setaffinity(0, cores)  # the trainers' legs after this one get every core
     costs = span_costs([(0.0, 1, cpu0), (elapsed, 1 + frames, cpu1)], 0.0, 0.0)
     costs["cpu_per_1000_frames"]["rollout workers"] = costs["cpu_per_1000_frames"].pop("runner")  # this process steps
     return costs
