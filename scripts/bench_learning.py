@@ -4,6 +4,7 @@
     python scripts/bench_learning.py --sf_python .venv-sf/bin/python
     python scripts/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
     python scripts/bench_learning.py --report_only          # the table and plots from saved results
+    python scripts/bench_learning.py --headline             # the README's table, from three folders of runs
 
 For every env it trains both trainers, one run at a time, with the same system configuration
 (SYSTEM: workers, envs per worker, splits, rollout; each env's own frameskip) and each trainer
@@ -554,6 +555,45 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# The README's headline table ("How it compares"), from the runs saved in three folders: the suite
+# at each trainer's published configuration, the held-out envs, and Sample Factory at our batch.
+HEADLINE_FOLDERS = {"suite": os.path.join(REPO, "docs", "bench", "learning"),
+                    "held out": os.path.join(REPO, "docs", "bench", "heldout"),
+                    "sf at our batch": os.path.join(REPO, "docs", "bench", "ablations", "sf_doom_batch_512")}
+HEADLINE_HEADER = ["| env | frames | appo.py | Sample Factory | Sample Factory at our batch of 512 | appo.py min | SF min |",
+                   "|---|---|---|---|---|---|---|"]
+
+
+def saved_runs(folder: str, env_name: str, label: str) -> list[dict]:
+    """Every finished run saved as `label`_seed<N>.json for the env in `folder`, by seed."""
+    paths = sorted(glob.glob(os.path.join(folder, env_name, f"{label}_seed*.json")),
+                   key=lambda path: int(path.rsplit("_seed", 1)[1][:-len(".json")]))
+    return [run for run in map(load_result, paths) if run is not None and run["status"] == "ok"]
+
+
+def headline_cell(runs: list[dict], frames: int) -> str:
+    scores = [score_at(run["curve"], frames) for run in runs]
+    return f"{spread(scores)} (1 seed)" if len(scores) == 1 else spread(scores)
+
+
+def headline_table() -> str:
+    """The README's table, every env of the suite and the held-out ones, each cell from saved runs."""
+    lines = list(HEADLINE_HEADER)
+    for env_name, frames in BUDGETS.items():
+        held_out = env_name in HELD_OUT
+        folder = HEADLINE_FOLDERS["held out" if held_out else "suite"]
+        appo, sf = saved_runs(folder, env_name, "appo"), saved_runs(folder, env_name, "sf")
+        if family(env_name) == "atari":
+            at_our_batch = "same configuration"  # Sample Factory's published batch is the Atari family's
+        else:
+            runs = saved_runs(folder if held_out else HEADLINE_FOLDERS["sf at our batch"], env_name, "sf_doom_batch_512")
+            at_our_batch = headline_cell(runs, frames) if runs else "not run"
+        name = f"{env_name}, held out" if held_out else env_name
+        lines.append(f"| {name} | {frames / 1e6:g}M | {headline_cell(appo, frames)} | {headline_cell(sf, frames)} | "
+                     f"{at_our_batch} | {minutes([run['wall_s'] for run in appo])} | {minutes([run['wall_s'] for run in sf])} |")
+    return "\n".join(lines)
+
+
 def band(curves: list[list], axis: int, grid: np.ndarray, hold_last: bool = False
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Median, min and max over runs of the score interpolated on `grid` (nan outside each run).
@@ -633,6 +673,8 @@ def parse_args(argv=None):
                         help="run nothing: the table and plots from saved results, including appo.py runs of "
                              "another version of its code (the table's last line names the versions)")
     parser.add_argument("--json", action="store_true", help="print the table's figures as JSON")
+    parser.add_argument("--headline", action="store_true",
+                        help="run nothing: print the README's table of every env from the saved runs")
     args = parser.parse_args(argv)
     args.envs = [name for name in args.envs.split(",") if name]
     args.trainers = [name for name in args.trainers.split(",") if name]
@@ -659,6 +701,9 @@ def seeds_for(args, trainer: str, env_name: str) -> list[int]:
 
 
 def main(argv=None):
+    if "--headline" in (sys.argv[1:] if argv is None else argv):
+        print(headline_table())
+        return
     args = parse_args(argv)
     # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the running trainer is stopped and cleaned up
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"bench_learning: stopped by signal {signum}"))

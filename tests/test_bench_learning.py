@@ -200,3 +200,26 @@ def test_the_frame_axis_check_reads_each_trainers_saved_configuration(tmp_path, 
     (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
     found = bench.frame_axis_check(trainer, str(tmp_path), "doom_basic")
     assert found is None if wrong is None else wrong in found
+
+
+def test_the_readmes_headline_table_is_what_the_saved_runs_say():
+    """README's "How it compares" table is `bench_learning.py --headline`: every cell from the runs
+    committed under docs/bench/ (a run added or a figure typed by hand shows here)."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    table = bench.headline_table()
+    assert table.count("\n") == 1 + len(bench.BUDGETS), table  # a row for every env of the suite and held out
+    assert table in readme
+
+
+def test_a_headline_cell_names_a_single_seed_and_an_env_with_no_runs(tmp_path):
+    curve = [[60.0, 1000.0, 20.0]]
+    for seed, score in ((1, 20.0), (2, 22.0)):
+        bench.save_json(str(tmp_path / "doom_x" / f"sf_doom_batch_512_seed{seed}.json"),
+                        {**run("sf", seed, [[60.0, 1000.0, score]], 60.0), "status": "ok"})
+    bench.save_json(str(tmp_path / "doom_x" / "sf_doom_batch_512_seed3.json"), run("sf", 3, curve, 60.0, status="stalled"))
+    runs = bench.saved_runs(str(tmp_path), "doom_x", "sf_doom_batch_512")
+    assert [r["config"]["seed"] for r in runs] == [1, 2]  # the failed run is not a score
+    assert bench.headline_cell(runs, 1000) == "21.00 [20.00, 22.00]"
+    assert bench.headline_cell(runs[:1], 1000) == "20.00 (1 seed)"
+    assert bench.saved_runs(str(tmp_path), "doom_y", "sf_doom_batch_512") == []
