@@ -1684,12 +1684,14 @@ def engine_output_to(path: str):
 ROLLOUT_WORKER_NICENESS = 2  # enough for the scheduler to favour learner and policy workers
 
 
-def pin_rollout_worker(worker_id: int):
+def pin_rollout_worker(worker_id: int, num_workers: int = 1):
     """--set_workers_cpu_affinity: rollout workers take the cores round robin and yield to the
     learner and policy workers, whose delays hold everyone up (the env processes a worker starts
-    inherit both)."""
+    inherit both). Under torchrun, each rank on a machine (LOCAL_RANK) starts after the cores of
+    the ranks before it, so that ranks do not pile their workers onto the first cores."""
     cores = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {cores[worker_id % len(cores)]})
+    index = int(os.environ.get("LOCAL_RANK", 0)) * num_workers + worker_id
+    os.sched_setaffinity(0, {cores[index % len(cores)]})
     os.nice(ROLLOUT_WORKER_NICENESS)
 
 
@@ -2072,7 +2074,7 @@ class RolloutWorker:
 def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared):
     child_process_setup("rollout", owns_envs=True)
     if cfg.set_workers_cpu_affinity:
-        pin_rollout_worker(worker_id)
+        pin_rollout_worker(worker_id, cfg.num_workers)
     worker, runner = None, os.getppid()
     with engine_output_to(engine_log_path(cfg, f"rollout_worker_{worker_id}")):
         try:

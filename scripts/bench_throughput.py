@@ -129,7 +129,7 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go,
     parent = os.getppid()
     cfg = appo.parse_args(flags)
     if cfg.set_workers_cpu_affinity:  # where the trainer pins its rollout workers (the Doom family), alike
-        appo.pin_rollout_worker(worker_id)
+        appo.pin_rollout_worker(worker_id, cfg.num_workers)
     env_list = []
     try:
         for i in range(cfg.num_envs_per_worker):

@@ -1002,19 +1002,25 @@ def test_conv_weights_use_the_channels_last_layout_and_give_the_same_outputs():
     torch.testing.assert_close(values, reference_values, atol=1e-5, rtol=1e-4)
 
 
-def test_pinned_rollout_worker_takes_one_core_and_a_lower_priority(spawn):
+@pytest.mark.parametrize("worker_id, num_workers, local_rank, core_index", [
+    (3, 4, None, 3),  # round robin over the cores
+    (1, 3, "1", 4),   # under torchrun, local rank 1's workers after rank 0's three
+])
+def test_pinned_rollout_worker_takes_one_core_and_a_lower_priority(spawn, worker_id, num_workers, local_rank, core_index):
     results = spawn.Queue()
-    process = spawn.Process(target=report_pinning, args=(3, results))
+    process = spawn.Process(target=report_pinning, args=(worker_id, num_workers, local_rank, results))
     process.start()
     cores, niceness = results.get(timeout=60)
     process.join(timeout=60)
     available = sorted(os.sched_getaffinity(0))
-    assert cores == [available[3 % len(available)]]
+    assert cores == [available[core_index % len(available)]]
     assert niceness == os.nice(0) + appo.ROLLOUT_WORKER_NICENESS
 
 
-def report_pinning(worker_id, results):
-    appo.pin_rollout_worker(worker_id)
+def report_pinning(worker_id, num_workers, local_rank, results):
+    if local_rank is not None:
+        os.environ["LOCAL_RANK"] = local_rank
+    appo.pin_rollout_worker(worker_id, num_workers)
     results.put((sorted(os.sched_getaffinity(0)), os.nice(0)))
 
 
