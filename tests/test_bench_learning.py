@@ -212,7 +212,7 @@ def test_the_readmes_headline_table_is_what_the_saved_runs_say():
     assert table in readme
 
 
-def test_a_headline_cell_names_a_single_seed_and_an_env_with_no_runs(tmp_path):
+def test_headline_cells_count_only_finished_runs_and_name_a_single_seed(tmp_path):
     curve = [[60.0, 1000.0, 20.0]]
     for seed, score in ((1, 20.0), (2, 22.0)):
         bench.save_json(str(tmp_path / "doom_x" / f"sf_doom_batch_512_seed{seed}.json"),
