@@ -2829,7 +2829,6 @@ def policies_line(cfg) -> str | None:
             f"return; each policy's figures are in TensorBoard under p0/ to p{cfg.num_policies - 1}/")
 
 
-
 def progress(cfg, stats: Stats, shared: Shared, elapsed: float) -> str | None:
     """Where the run stands against its budget: the share of --train_for_env_steps trained and the
     time left at the last minute's rate, or the time left of --train_for_seconds if that ends first."""
