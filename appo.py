@@ -1797,14 +1797,40 @@ def env_action(action_space, action_row: np.ndarray):
     return tuple(int(a) for a in action_row)
 
 
-def agent_lists(num_agents: int, obs, reward, terminated, truncated, info):
-    """Single-agent envs return plain values; give every env the multi-agent shape (lists)."""
-    if num_agents == 1:
-        return [obs], [reward], [terminated or truncated], [info]
-    done = [bool(t) or bool(u) for t, u in zip(terminated, truncated)] if isinstance(terminated, (list, tuple)) \
-        else [bool(terminated) or bool(truncated)] * num_agents
-    infos = info if isinstance(info, (list, tuple)) else [info] * num_agents
-    return list(obs), list(reward), done, infos
+class Agents:
+    """An env as the trainer steps it: made at the ENV HOOK (make_env), single- and multi-agent
+    alike, in lists of one entry per agent (observations, rewards, done flags, infos), so the
+    rollout worker, the probe and evaluation have one path. env.py's envs keep gymnasium's API:
+    single-agent ones return plain values, multi-agent ones (Doom matches) lists, with one
+    terminated flag and info for all agents or one each."""
+
+    def __init__(self, env):
+        self.env, self.num_agents = env, envs.get_num_agents(env)
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+
+    def reset(self) -> list:
+        obs, _ = self.env.reset()
+        return [obs] if self.num_agents == 1 else list(obs)
+
+    def step(self, actions: list) -> tuple[list, list, list, list]:
+        if self.num_agents == 1:
+            obs, reward, terminated, truncated, info = self.env.step(actions[0])
+            return [obs], [reward], [terminated or truncated], [info]
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        dones = ([bool(t) or bool(u) for t, u in zip(terminated, truncated)] if isinstance(terminated, (list, tuple))
+                 else [bool(terminated) or bool(truncated)] * self.num_agents)
+        infos = info if isinstance(info, (list, tuple)) else [info] * self.num_agents
+        return list(obs), list(rewards), dones, infos
+
+    def render(self):
+        return self.env.render()
+
+    def close(self):
+        self.env.close()
+
+
+def make_env(cfg, env_index: int, render_mode: str | None = None) -> Agents:
+    return Agents(envs.create_env(cfg.env, cfg, env_index=env_index, render_mode=render_mode))  # ENV HOOK
 
 
 class RolloutWorker:
@@ -1818,7 +1844,7 @@ class RolloutWorker:
             for i in range(cfg.num_envs_per_worker):
                 env = self.make_env(i)
                 self.envs.append(env)
-                for agent in range(envs.get_num_agents(env)):
+                for agent in range(env.num_agents):
                     self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies)))
         except BaseException:  # a failed env or a stop request: close the envs made so far
             self.close()
@@ -1841,7 +1867,7 @@ class RolloutWorker:
     def make_env(self, env_id: int):
         self.shared.run.beat(self.process_index)  # env creation can be slow (DMLab compiles levels)
         env_index = self.worker_id * self.cfg.num_envs_per_worker + env_id
-        return envs.create_env(self.cfg.env, self.cfg, env_index=env_index)  # ENV HOOK
+        return make_env(self.cfg, env_index)
 
     def replace_env(self, env_id: int, env_actors: list[Actor], error: Exception):
         """A failed env is closed and made again; its actors restart their slots from step 0, so the
@@ -1858,8 +1884,7 @@ class RolloutWorker:
         for actor in env_actors:
             actor.reward_shaping_version = -1  # the new env starts with the default weights
             self.apply_reward_shaping(actor)
-        obs, _ = self.envs[env_id].reset()
-        obs = [obs] if len(env_actors) == 1 else list(obs)
+        obs = self.envs[env_id].reset()
         for actor in env_actors:
             actor.step = 0
             self.write_obs(actor, obs[actor.agent])
@@ -1899,13 +1924,11 @@ class RolloutWorker:
         for actor in self.actors:
             self.apply_reward_shaping(actor)
         for env_id, env in enumerate(self.envs):
-            obs, _ = env.reset()
-            num_agents = envs.get_num_agents(env)
-            obs_per_agent = [obs] if num_agents == 1 else list(obs)
+            obs = env.reset()
             for actor in (a for a in self.actors if a.env_id == env_id):
                 if not self.start_slot(actor):
                     return False
-                self.write_obs(actor, obs_per_agent[actor.agent])
+                self.write_obs(actor, obs[actor.agent])
                 self.arrays["rnn_state"][actor.slot, 0] = 0.0
         return True
 
@@ -1950,11 +1973,9 @@ class RolloutWorker:
             actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
             start = time.perf_counter()
             try:
-                obs, rewards, dones, infos = agent_lists(len(env_actors), *env.step(
-                    actions[0] if len(env_actors) == 1 else actions))
+                obs, rewards, dones, infos = env.step(actions)
                 if all(dones):
-                    obs, _ = env.reset()
-                    obs = [obs] if len(env_actors) == 1 else list(obs)
+                    obs = env.reset()
             except Exception as error:
                 self.replace_env(env_id, env_actors, error)
                 continue
@@ -2047,7 +2068,8 @@ class RolloutWorker:
                 return
             self.ask_for_actions(split)
             if time.monotonic() - last_report > 2.0:
-                self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.env_step_s})
+                self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.env_step_s,
+                                             "process": self.process_index})
                 self.env_step_s = 0.0
                 last_report = time.monotonic()
 
@@ -2169,7 +2191,8 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
         worker.act_on(requests)
         busy_s += time.perf_counter() - start
         if time.monotonic() - last_report > 2.0:
-            shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s})
+            shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s,
+                                    "process": process_index})
             busy_s, last_report = 0.0, time.monotonic()
     for weights in shared.weights:
         weights.release()
@@ -2498,10 +2521,10 @@ class EnvProbe:
 
 def probe_env(cfg) -> EnvProbe:
     with engine_output_to(engine_log_path(cfg, "probe")):
-        probe = envs.create_env(cfg.env, cfg, env_index=0)  # ENV HOOK
+        probe = make_env(cfg, env_index=0)
         try:
-            return EnvProbe((probe.observation_space, probe.action_space), envs.get_num_agents(probe),
-                            envs.reward_shaping_weights(probe))
+            return EnvProbe((probe.observation_space, probe.action_space), probe.num_agents,
+                            envs.reward_shaping_weights(probe.env))
         finally:
             probe.close()
 
@@ -2525,6 +2548,7 @@ class Stats:
         self.separate_objective = False  # whether a game's objective ever differed from its return (duels)
         self.learner = [{} for _ in range(num_policies)]
         self.busy_s = {"env": 0.0, "inference": 0.0, "learner": 0.0}  # summed over processes
+        self.busy_s_by_process = Counter()  # heartbeat index -> seconds: which processes did work
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), time.monotonic()
         self.num_episodes = 0
         self.env_faults, self.restarts, self.skipped_steps = 0, 0, 0
@@ -2544,6 +2568,8 @@ class Stats:
             self.env_faults += 1
         elif kind == "timing":
             self.busy_s[message["component"]] += message["busy_s"]
+            if "process" in message:  # serial mode's one process sends none
+                self.busy_s_by_process[message["process"]] += message["busy_s"]
 
     def fps(self, window: float) -> float:
         """Env frames collected per second over the last `window` seconds."""
@@ -3496,7 +3522,7 @@ def evaluate(cfg) -> int:
     checkpoint = load_policy_for_eval(cfg)
     if cfg.seed is not None:  # with --eval_deterministic, the same seed plays the same games
         torch.manual_seed(cfg.seed)
-    env = envs.create_env(cfg.env, cfg, env_index=0, render_mode="rgb_array" if cfg.save_video else None)
+    env = make_env(cfg, env_index=0, render_mode="rgb_array" if cfg.save_video else None)
     video = None
     if cfg.save_video:
         path = cfg.video_path or os.path.join(experiment_dir(cfg), f"eval_p{cfg.policy_index}.mp4")
@@ -3527,16 +3553,16 @@ def evaluate(cfg) -> int:
     return 0
 
 
-def play_games(cfg, env, model: ActorCritic, video: VideoWriter | None) -> list[dict]:
+def play_games(cfg, env: Agents, model: ActorCritic, video: VideoWriter | None) -> list[dict]:
     """Steps `env` until --max_num_episodes games ended; returns each game's per-agent true return."""
-    num_agents, device = envs.get_num_agents(env), torch.device(cfg.device)
+    num_agents, device = env.num_agents, torch.device(cfg.device)
     obs_keys = list(obs_shapes(env.observation_space))
     rnn_state = torch.zeros(num_agents, rnn_state_size(cfg), device=device)
-    obs = per_agent(env.reset()[0], num_agents)
+    obs = env.reset()
     games, finished_returns = [], [None] * num_agents
     while len(games) < cfg.max_num_episodes:
         if video is not None:
-            video.add(env.render(), f"score {game_score(env):g}")
+            video.add(env.render(), f"score {game_score(env.env):g}")
         obs_batch = {key: torch.as_tensor(np.stack([o[key] if isinstance(o, dict) else o for o in obs])).to(device)
                      for key in obs_keys}
         with torch.no_grad():
@@ -3544,13 +3570,12 @@ def play_games(cfg, env, model: ActorCritic, video: VideoWriter | None) -> list[
         actions = (model.action_dist.mode(logits) if cfg.eval_deterministic
                    else model.action_dist.sample(logits)).cpu().numpy()
         env_actions = [env_action(env.action_space, row) for row in actions]
-        obs, rewards, dones, infos = agent_lists(num_agents, *env.step(
-            env_actions[0] if num_agents == 1 else env_actions))
+        obs, rewards, dones, infos = env.step(env_actions)
         for agent, info in enumerate(infos):
             if "true_return" in info:
                 finished_returns[agent] = (float(info["true_return"]), int(info["true_length"]))
         if all(dones):
-            obs = per_agent(env.reset()[0], num_agents)
+            obs = env.reset()
         rnn_state = rnn_state * torch.as_tensor([0.0 if done else 1.0 for done in dones], device=device).unsqueeze(1)
         if all(result is not None for result in finished_returns):  # a whole game ended for everyone
             games.append({"returns": [r for r, _ in finished_returns], "length": finished_returns[0][1]})
@@ -3560,10 +3585,6 @@ def play_games(cfg, env, model: ActorCritic, video: VideoWriter | None) -> list[
             print(f"game {len(games)}: {returns}, {games[-1]['length']:,} env frames", flush=True)
             finished_returns = [None] * num_agents
     return games
-
-
-def per_agent(obs, num_agents: int) -> list:
-    return [obs] if num_agents == 1 else list(obs)
 
 
 def game_score(env) -> float:

@@ -31,9 +31,11 @@ medians. Nothing is left running or in /dev/shm afterwards.
   python scripts/bench_throughput.py --env doom_basic
   python scripts/bench_throughput.py --env atari_breakout --sf_python .venv-sf/bin/python --repeats 3
   python scripts/bench_throughput.py --sweep 2,4,8,16 --legs pure,ours --plot docs/fps_vs_envs.png
+  python scripts/bench_throughput.py --report A.json B.json   # configurations side by side, from --out files
 """
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -85,7 +87,9 @@ def parse_args():
     parser.add_argument("--out", default=None,
                         help="also write a result file (JSON): the figures, the command, and the commit of the "
                              "code and bench that made them, with any uncommitted file named")
-    parser.add_argument("--report", default=None, help="run nothing: print the table of a result file from --out")
+    parser.add_argument("--report", nargs="+", default=None,
+                        help="run nothing: print the table of a result file from --out; of several, one row "
+                             "each (its env, appo.py flags after --, and each leg's median and runs)")
     parser.add_argument("trainer_flags", nargs="*",
                         help="after --: more appo.py flags for our trainer (model flags apply to the ceiling too)")
     args = parser.parse_args()
@@ -119,8 +123,12 @@ def trainer_config(args, envs_per_worker: int) -> list[str]:
 def step_randomly(env, num_agents: int):
     """One step with random actions for every agent; a new episode when all are done."""
     actions = env.action_space.sample() if num_agents == 1 else [env.action_space.sample() for _ in range(num_agents)]
-    obs, reward, terminated, truncated, info = env.step(actions)
-    if all(appo.agent_lists(num_agents, obs, reward, terminated, truncated, info)[2]):
+    _, _, terminated, truncated, _ = env.step(actions)
+    if isinstance(terminated, (list, tuple)):  # a multi-agent env with a flag per agent
+        done = all(t or u for t, u in zip(terminated, truncated))
+    else:
+        done = terminated or truncated
+    if done:
         env.reset()
 
 
@@ -581,9 +589,35 @@ def provenance(args) -> dict:
             "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
 
 
+def comparison_table(paths: list[str]) -> str:
+    """Several result files, a row each: what a configuration or code change did to each leg."""
+    files = []
+    for path in paths:
+        with open(path) as f:
+            files.append((path, json.load(f)))
+    legs = [leg for leg in LEGS if any(result["runs"].get(leg) for _, saved in files for result in saved["results"])]
+    lines = ["| file | env | appo.py flags | commit | " + " | ".join(legs) + " |", "|---" * (4 + len(legs)) + "|"]
+    for path, saved in files:
+        command = saved["provenance"]["command"]
+        flags = command.split(" -- ", 1)[1] if " -- " in command else ""
+        for result in saved["results"]:
+            cells = []
+            for leg in legs:
+                runs = [run["fps"] for run in result["runs"].get(leg, []) if run.get("fps")]
+                cells.append(f"{statistics.median(runs):,.0f} ({', '.join(f'{fps:,.0f}' for fps in runs)})"
+                             if runs else "-")
+            lines.append(f"| {os.path.basename(path)} | {result['env']} | {flags or '(defaults)'} | "
+                         f"{saved['provenance']['commit'][:7]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main():
     if "--report" in sys.argv:  # before parse_args: a report needs no env or trainer
-        with open(sys.argv[sys.argv.index("--report") + 1]) as f:
+        paths = list(itertools.takewhile(lambda arg: not arg.startswith("--"), sys.argv[sys.argv.index("--report") + 1:]))
+        if len(paths) > 1:
+            print(comparison_table(paths))
+            return
+        with open(paths[0]) as f:
             saved = json.load(f)
         print("\n".join(f"# {key}: {value}" for key, value in saved["provenance"].items()))
         print(format_table(saved["results"]))
