@@ -12,7 +12,11 @@ import appo
 
 
 def processes_tagged(tag: str) -> list[int]:
-    """Processes whose environment holds `tag`: a run started with it, its children, their envs."""
+    """Processes whose environment holds `tag`: a run started with it, its children, their envs.
+    Not this test process's own multiprocessing resource tracker: a run in this process may be the
+    first to spawn and so start it, but it serves the whole session and exits with it."""
+    from multiprocessing import resource_tracker
+
     found = []
     for environ in glob.glob("/proc/[0-9]*/environ"):
         try:
@@ -21,7 +25,7 @@ def processes_tagged(tag: str) -> list[int]:
                     found.append(int(environ.split("/")[2]))
         except OSError:
             pass
-    return found
+    return [pid for pid in found if pid != resource_tracker._resource_tracker._pid]
 
 
 def processes_still_tagged(tag: str, seconds: float = 15.0) -> list[int]:

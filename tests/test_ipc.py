@@ -627,7 +627,10 @@ def test_waiting_for_a_lock_another_process_holds_lets_python_run(spawn, tmp_pat
     killer.start()
     releaser = threading.Thread(target=slots.release, args=([slot],))
     releaser.start()
-    assert releaser.is_alive() and holders[0].is_alive()  # this thread runs while the other waits
+    time.sleep(0.5)  # the releaser is in release() by now, waiting for the lock that holders[0] keeps
+    # this thread woke while the releaser still waited (one that kept the GIL would have let it run
+    # only after holders[0]'s death at 3 s, with the release done)
+    assert releaser.is_alive() and holders[0].is_alive()
     with pytest.raises(queue.Empty):
         q.get_nowait()  # gives up on the held lock instead of waiting for its holder
     assert holders[1].is_alive()
