@@ -292,20 +292,44 @@ def parse_args(argv=None):
                              '{"case": "4->1", "ours": 1234567.0, "ours_runs": [...], "mp_queue": ..., '
                              '"faster_fifo": null, "faster_fifo_runs": []}; rates are messages per '
                              'second (medians, and every run), null where a queue is not installed')
+    parser.add_argument("--out", default=None,
+                        help="also write a result file (JSON): every row, the command, the commit, the machine")
+    parser.add_argument("--report", default=None, help="run nothing: print the table of a result file from --out")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.runs < 1:
         parser.error("--messages and --runs must be at least 1")
     return args
 
 
+def header(runs, messages, load):
+    return (f"msgs/s, median (lowest-highest) of {runs} runs, queues taking turns run by run; "
+            f"{messages:,} messages a run; {os.cpu_count()} CPUs, load average {load:.1f}")
+
+
 def main(argv=None):
     args = parse_args(argv)
-    if not args.json:
-        print(f"msgs/s, median (lowest-highest) of {args.runs} runs, queues taking turns run by run; "
-              f"{args.messages:,} messages a run; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    if args.report:
+        with open(args.report) as f:
+            saved = json.load(f)
+        print("\n".join(f"# {key}: {value}" for key, value in saved["provenance"].items()))
+        print(header(saved["runs"], saved["messages"], saved["load_before"]))
         print(format_cells(TABLE_COLUMNS))
+        for row in saved["rows"]:
+            print_row(row, args.json)
+        return
+    load = os.getloadavg()[0]
+    if not args.json:
+        print(header(args.runs, args.messages, load))
+        print(format_cells(TABLE_COLUMNS))
+    rows = []
     for producers in PRODUCER_COUNTS:
-        print_row(measure_case(producers, args.messages, args.runs), args.json)
+        rows.append(measure_case(producers, args.messages, args.runs))
+        print_row(rows[-1], args.json)
+    if args.out:
+        import bench_throughput  # for its provenance: command, commit, uncommitted files, machine
+        with open(args.out, "w") as f:
+            json.dump({"provenance": bench_throughput.provenance(args), "messages": args.messages, "runs": args.runs,
+                       "load_before": load, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
