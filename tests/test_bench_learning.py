@@ -163,6 +163,7 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     shm_before = bench.shm_entries()
     result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
     assert result["status"] == "ok", result["log_tail"]
+    assert result["machine"]["cores"] == os.cpu_count() and isinstance(result["machine"]["bfloat16"], bool)
     frames = [point[1] for point in result["curve"]]
     assert frames and frames == sorted(frames) and frames[-1] >= 40000 * 0.75
     batch_size = env.env_defaults("doom_basic")["batch_size"]
