@@ -349,7 +349,8 @@ def machine() -> dict:
     natively, so runs from sessions on CPUs with and without it differ in precision."""
     import appo
 
-    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    with open("/proc/cpuinfo") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     return {"cpu": model, "cores": os.cpu_count(), "bfloat16": appo.native_bfloat16("cpu")}
 
 
@@ -383,7 +384,8 @@ def run_one(args, config: dict) -> dict:
     with open(log_path) as f:
         log_tail = f.read().splitlines()[-20:]
     result = {"key": config_key(config), "config": config, "command": " ".join(command), "commit": git_commit(),
-              **outcome, "load_before": load_before, "machine": machine(), "curve": curve, "log_tail": log_tail if outcome["status"] != "ok" else []}
+              **outcome, "load_before": load_before, "machine": machine(), "curve": curve,
+              "log_tail": log_tail if outcome["status"] != "ok" else []}
     os.remove(log_path)  # the curve and the tail are kept; whole logs would bloat the repo
     print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: {outcome['status']} in "
           f"{outcome['wall_s'] / 60:.1f} min, final score {curve[-1][2] if curve else 'none'}", flush=True)
