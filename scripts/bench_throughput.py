@@ -594,20 +594,24 @@ def comparison_table(paths: list[str]) -> str:
     files = []
     for path in paths:
         with open(path) as f:
-            files.append((path, json.load(f)))
+            saved = json.load(f)
+        if "provenance" not in saved:  # what --json printed (files saved before --out): figures only
+            saved = {"provenance": {}, "results": saved if isinstance(saved, list) else [saved]}
+        files.append((path, saved))
     legs = [leg for leg in LEGS if any(result["runs"].get(leg) for _, saved in files for result in saved["results"])]
     lines = ["| file | env | appo.py flags | commit | " + " | ".join(legs) + " |", "|---" * (4 + len(legs)) + "|"]
     for path, saved in files:
-        command = saved["provenance"]["command"]
-        flags = command.split(" -- ", 1)[1] if " -- " in command else ""
+        command = saved["provenance"].get("command")
+        flags = ((command.split(" -- ", 1)[1] if " -- " in command else "(defaults)") if command
+                 else "(not recorded)")
+        commit = saved["provenance"].get("commit", "-")[:7]
         for result in saved["results"]:
             cells = []
             for leg in legs:
                 runs = [run["fps"] for run in result["runs"].get(leg, []) if run.get("fps")]
                 cells.append(f"{statistics.median(runs):,.0f} ({', '.join(f'{fps:,.0f}' for fps in runs)})"
                              if runs else "-")
-            lines.append(f"| {os.path.basename(path)} | {result['env']} | {flags or '(defaults)'} | "
-                         f"{saved['provenance']['commit'][:7]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {os.path.basename(path)} | {result['env']} | {flags} | {commit} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

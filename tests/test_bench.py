@@ -152,3 +152,17 @@ def test_the_projection_divides_the_cores_left_by_the_rollout_sides_cpu_per_fram
     table = cpu_accounting.projection(result, machines=[16, 36], gpu_side_cores=2.0)
     assert "| 16 | 80,000 | 56,000 | 28,000 |" in table  # 16 / 0.2, 14 / 0.25, 14 / 0.5, per 1,000 frames
     assert "| 36 | 180,000 | 136,000 | 68,000 |" in table
+
+
+def test_a_report_of_several_result_files_gives_each_its_row_with_flags_commit_and_runs(tmp_path):
+    """--report A B: configurations side by side (the ResNet and pinning tables of the throughput
+    page come from it), from --out files and from the figures-only files --json printed before."""
+    result = {"env": "doom_basic", "runs": {"ours": [{"fps": 4000.0}, {"fps": 4200.0}, {"fps": 4100.0}]}}
+    with_out = {"provenance": {"command": "python scripts/bench_throughput.py --env doom_basic -- --encoder resnet",
+                               "commit": "0123456789abcdef"}, "results": [result]}
+    (tmp_path / "a.json").write_text(json.dumps(with_out))
+    (tmp_path / "b.json").write_text(json.dumps({"env": "atari_breakout", "runs": {"ours": [{"fps": 2308.0}]}}))
+    lines = bench.comparison_table([str(tmp_path / "a.json"), str(tmp_path / "b.json")]).splitlines()
+    assert lines[0] == "| file | env | appo.py flags | commit | ours |"
+    assert lines[2] == "| a.json | doom_basic | --encoder resnet | 0123456 | 4,100 (4,000, 4,200, 4,100) |"
+    assert lines[3] == "| b.json | atari_breakout | (not recorded) | - | 2,308 (2,308) |"
