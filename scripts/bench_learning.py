@@ -140,8 +140,9 @@ def appo_code_hash() -> str:
 def git_commit() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "appo.py", "env.py", "csrc"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
+        # the trainer and the benches themselves: a result made by an uncommitted bench says so
+        dirty = subprocess.run(["git", "status", "--porcelain", "appo.py", "env.py", "csrc", "scripts", "setup.py"],
+                               cwd=REPO, capture_output=True, text=True).stdout.strip()
         return commit + ("+uncommitted" if dirty else "")
     except OSError:
         return "unknown"
