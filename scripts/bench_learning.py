@@ -72,12 +72,18 @@ SUITE = {
 HELD_OUT = {
     "doom_deadly_corridor": 1_000_000,
 }
-BUDGETS = {**SUITE, **HELD_OUT}
+# gym: envs, appo.py alone (Sample Factory is not set up for them here), each with its family's
+# defaults; results in their own --results_dir, docs/bench/gym. Frames are env steps (frameskip 1).
+GYM = {
+    "gym:CartPole-v1": 200_000,
+    "gym:HalfCheetah-v5": 1_000_000,  # pip install -e .[mujoco]
+}
+BUDGETS = {**SUITE, **HELD_OUT, **GYM}
 # (appo.py, Sample Factory) seeds per env. Atari's were (2, 1), the issue's minimum, until a third
 # appo.py seed moved both games' medians by more than the gap being measured; then (3, 2), (5, 2)
 # since seeds 4 and 5 moved breakout's median again, and (5, 3) since a third Sample Factory seed
 # on space_invaders scored below three of appo.py's five (docs/results/learning.md, the Atari table).
-SEEDS = {"doom": (3, 2), "atari": (5, 3)}
+SEEDS = {"doom": (3, 2), "atari": (5, 3), "gym": (3, 0)}
 # The system configuration both trainers share. The rollout is each family's in Sample Factory's
 # published configuration (its cfg.py default 32; atari_params.py 128). Atari runs 8 envs, as
 # atari_params.py does (8 workers x 1 env): its defaults train synchronously (async_rl False), which
@@ -86,6 +92,7 @@ SEEDS = {"doom": (3, 2), "atari": (5, 3)}
 SYSTEM = {
     "doom": {"num_workers": 2, "num_envs_per_worker": 8, "worker_num_splits": 2, "rollout": 32},
     "atari": {"num_workers": 2, "num_envs_per_worker": 4, "worker_num_splits": 2, "rollout": 128},
+    "gym": {},  # appo.py alone: the gym: family's own defaults
 }
 # Sample Factory's launchers (scripts/setup_sample_factory.sh installs the two sf_train_* modules).
 SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
@@ -117,7 +124,7 @@ SHM_PREFIXES = ("ViZDoom", "sem.mp-", "torch_")
 
 
 def family(env_name: str) -> str:
-    return env_name.split("_")[0]
+    return "gym" if env_name.startswith("gym:") else env_name.split("_")[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -591,7 +598,7 @@ def headline_cell(runs: list[dict], frames: int) -> str:
 def headline_table() -> str:
     """The README's table, every env of the suite and the held-out ones, each cell from saved runs."""
     lines = list(HEADLINE_HEADER)
-    for env_name, frames in BUDGETS.items():
+    for env_name, frames in {**SUITE, **HELD_OUT}.items():
         held_out = env_name in HELD_OUT
         folder = HEADLINE_FOLDERS["held out" if held_out else "suite"]
         appo, sf = saved_runs(folder, env_name, "appo"), saved_runs(folder, env_name, "sf")
@@ -690,8 +697,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.envs = [name for name in args.envs.split(",") if name]
     args.trainers = [name for name in args.trainers.split(",") if name]
-    problems = [f"--envs: {name} is not a doom_* or atari_* env" for name in args.envs
+    problems = [f"--envs: {name} is not a doom_*, atari_* or gym: env" for name in args.envs
                 if family(name) not in SYSTEM]
+    problems += [f"--envs: {name} is run by appo.py alone: give --trainers appo" for name in args.envs
+                 if family(name) == "gym" and "sf" in args.trainers]
     problems += [f"--envs: {name} has no frame budget in SUITE or HELD_OUT: give --frames" for name in args.envs
                  if name not in BUDGETS and args.frames is None]
     problems += [f"--trainers: {name} is neither appo nor sf" for name in args.trainers if name not in ("appo", "sf")]
