@@ -71,12 +71,18 @@ SUITE = {
 # docs/bench/heldout, and are reported beside the suite, never used to choose.
 HELD_OUT = {
     "doom_deadly_corridor": 1_000_000,
+    "doom_health_gathering_supreme": 1_000_000,
 }
+# Envs whose map the vizdoom package ships otherwise than Sample Factory does: appo.py's runs and
+# probe load Sample Factory's own scenario files (--doom_scenarios_dir, found through --sf_python),
+# so that both trainers play one map.
+SF_SCENARIO_FILES = {"doom_health_gathering_supreme"}
 # gym: envs, appo.py alone (Sample Factory is not set up for them here), each with its family's
 # defaults; results in their own --results_dir, docs/bench/gym. Frames are env steps (frameskip 1).
 GYM = {
     "gym:CartPole-v1": 200_000,
     "gym:HalfCheetah-v5": 1_000_000,  # pip install -e .[mujoco]
+    "gym:Hopper-v5": 1_000_000,
 }
 AGAINST_SF = {**SUITE, **HELD_OUT}  # the envs both trainers run: the README's table
 BUDGETS = {**AGAINST_SF, **GYM}
@@ -166,6 +172,8 @@ def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
               "system": system_flags(env_name)}
     if trainer == "appo":
         config.update(extra_flags=args.appo_flags.split(), code=appo_code_hash())
+        if env_name in SF_SCENARIO_FILES:  # the folder is this machine's; the key names whose files
+            config["scenario_files"] = "sample_factory"
     else:
         config.update(extra_flags=SF_CONFIGS[args.sf_config] + args.sf_flags.split(),
                       launcher=SF_MODULES[family(env_name)],
@@ -217,8 +225,15 @@ def trainer_command(args, config: dict, train_dir: str) -> list[str]:
     common = ["--env", env_name, *config["system"], "--seed", str(config["seed"]), "--train_dir", train_dir,
               "--experiment", "run", "--train_for_env_steps", str(config["frames"]), *config["extra_flags"]]
     if appo:
-        return [sys.executable, os.path.join(REPO, "appo.py"), *common, "--report_every_sec", "5"]
+        scenarios = ["--doom_scenarios_dir", sf_scenarios_dir(args.sf_python)] if "scenario_files" in config else []
+        return [sys.executable, os.path.join(REPO, "appo.py"), *common, *scenarios, "--report_every_sec", "5"]
     return [args.sf_python, "-m", config["launcher"], *common, "--device", "cpu"]
+
+
+def sf_scenarios_dir(sf_python: str) -> str:
+    """The folder of Sample Factory's own Doom scenario files, in its interpreter's site-packages."""
+    code = "import os, sf_examples.vizdoom.doom as d; print(os.path.join(os.path.dirname(d.__file__), 'scenarios'))"
+    return subprocess.run([sf_python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def shm_entries() -> set[str]:
@@ -405,9 +420,9 @@ def run_one(args, config: dict) -> dict:
 # Task matching: do both trainers play the same game?
 # ---------------------------------------------------------------------------------------------
 
-def probe(python: str, trainer: str, env_name: str, out: str) -> dict | None:
+def probe(python: str, trainer: str, env_name: str, out: str, flags: tuple = ()) -> dict | None:
     command = [python, os.path.join(REPO, "scripts", "task_probe.py"), "--trainer", trainer, "--env", env_name,
-               "--out", out]
+               "--out", out, *flags]
     completed = subprocess.run(command, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=600)
     if completed.returncode != 0:
         print(f"warning: task probe of {trainer} on {env_name} failed: {completed.stderr.strip()[-500:]}", flush=True)
@@ -419,7 +434,8 @@ def probe(python: str, trainer: str, env_name: str, out: str) -> dict | None:
 def check_task(args, env_name: str) -> str:
     """One line: how the two trainers' tasks were matched, and what the probe found."""
     with tempfile.TemporaryDirectory() as folder:
-        ours = probe(sys.executable, "appo", env_name, os.path.join(folder, "appo.npz"))
+        scenarios = ("--doom_scenarios_dir", sf_scenarios_dir(args.sf_python)) if env_name in SF_SCENARIO_FILES else ()
+        ours = probe(sys.executable, "appo", env_name, os.path.join(folder, "appo.npz"), scenarios)
         theirs = probe(args.sf_python, "sf", SF_ENV_NAMES.get(env_name, env_name), os.path.join(folder, "sf.npz"))
     if ours is None or theirs is None:
         return "probe failed"
@@ -708,6 +724,9 @@ def parse_args(argv=None):
     if "sf" in args.trainers and not args.report_only and not (args.sf_python and os.path.isfile(args.sf_python)):
         problems.append("--sf_python: give Sample Factory's interpreter (scripts/setup_sample_factory.sh makes one), "
                         "or --trainers appo")
+    elif not args.report_only and not (args.sf_python and os.path.isfile(args.sf_python)):
+        problems += [f"--sf_python: appo.py's runs on {name} load Sample Factory's scenario files: give its interpreter "
+                     "(scripts/setup_sample_factory.sh makes one)" for name in args.envs if name in SF_SCENARIO_FILES]
     if problems:
         parser.error("; ".join(problems))
     args.plot_dir = args.plot_dir or args.results_dir

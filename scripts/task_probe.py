@@ -25,11 +25,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP_STEPS = 5
 
 
-def appo_env(name: str):
+def appo_env(name: str, doom_scenarios_dir: str | None):
     sys.path.insert(0, REPO)
+    import types
+
     import env as envs
 
-    return envs.create_env(name, None, env_index=0)
+    return envs.create_env(name, types.SimpleNamespace(doom_scenarios_dir=doom_scenarios_dir), env_index=0)
 
 
 def sample_factory_env(name: str):
@@ -110,8 +112,11 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--out", required=True, help="the .npz file to write")
+    parser.add_argument("--doom_scenarios_dir", default=None,
+                        help="appo: load the Doom scenario files from this folder (Sample Factory's, for a map the "
+                             "vizdoom package ships otherwise)")
     args = parser.parse_args()
-    env = appo_env(args.env) if args.trainer == "appo" else sample_factory_env(args.env)
+    env = appo_env(args.env, args.doom_scenarios_dir) if args.trainer == "appo" else sample_factory_env(args.env)
     np.savez_compressed(args.out, **probe(env, args.steps, args.seed))
 
 

@@ -1,7 +1,9 @@
 """scripts/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
 table's figures from hand-made runs, the task probe on real VizDoom, and a real run's clean-up."""
+import argparse
 import json
 import os
+import shutil
 import sys
 import uuid
 
@@ -152,6 +154,29 @@ def test_the_task_probe_plays_doom_basic_the_same_way_twice(tmp_path):
     assert first["action_sizes"].tolist() == [4]
     assert len(first["rewards"]) == 200 and first["dones"].any()  # episodes end and restart within 200 steps
     assert np.array_equal(first["screens"], second["screens"]) and np.array_equal(first["rewards"], second["rewards"])
+
+
+def test_the_task_check_tells_the_same_task_from_one_with_another_reward(tmp_path, monkeypatch):
+    """check_task compares the two trainers' probes. Sample Factory's interpreter is not here, so
+    both sides are appo.py's env, loaded from copies of doom_basic's scenario files: the same copy
+    on both sides, then one whose living reward was changed."""
+    import vizdoom
+
+    for name, living_reward in (("same", "-1"), ("changed", "-2")):
+        (tmp_path / name).mkdir()
+        shutil.copy(os.path.join(vizdoom.scenarios_path, "basic.wad"), tmp_path / name)
+        with open(os.path.join(vizdoom.scenarios_path, "basic.cfg")) as f:
+            text = f.read().replace("living_reward = -1", f"living_reward = {living_reward}")
+        (tmp_path / name / "basic.cfg").write_text(text)
+    real_probe = bench.probe
+    theirs = {"folder": str(tmp_path / "same")}
+    monkeypatch.setattr(bench, "probe", lambda python, trainer, env_name, out, flags=(): real_probe(
+        sys.executable, "appo", env_name, out,
+        ("--doom_scenarios_dir", theirs["folder"] if trainer == "sf" else str(tmp_path / "same"))))
+    args = argparse.Namespace(sf_python=sys.executable)
+    assert bench.check_task(args, "doom_basic").startswith("same rewards over 200 steps, identical screens")
+    theirs["folder"] = str(tmp_path / "changed")
+    assert bench.check_task(args, "doom_basic").startswith("DIFFERENT rewards")
 
 
 @pytest.mark.slow
