@@ -659,6 +659,27 @@ def test_one_learner_step_changes_the_weights_and_every_parameter_gets_a_gradien
     assert stats["valid_fraction"] == 1.0 and np.isfinite(stats["loss"])
 
 
+@pytest.mark.parametrize("with_vtrace", [True, False])
+def test_the_critic_learns_the_value_of_its_observations(with_vtrace):
+    """On a fixed batch whose rewards are a function of the observation (gamma 0, so the targets are
+    the rewards), repeated training steps make the values explain the targets (the explained variance
+    that TensorBoard shows goes to about 1); without the value loss they do not."""
+    vector, actions = spaces.Dict({"obs": spaces.Box(-1, 1, (5,), np.float32)}), spaces.Discrete(3)
+    explained = {}
+    for value_loss_coeff in (0.5, 0.0):
+        torch.manual_seed(0)
+        cfg = small_cfg(gamma=0.0, with_vtrace=with_vtrace, ppo_clip_value=100.0, value_loss_coeff=value_loss_coeff)
+        model = appo.ActorCritic(vector, actions, cfg)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        batch = fake_batch(vector, actions, cfg, 6, 16)
+        batch["reward"] = 2.0 * batch["obs"][..., 0] + 1.0
+        for _ in range(60):
+            stats, _, finite = appo.sgd_update(model, optimizer, batch, 0, cfg)
+            assert finite
+        explained[value_loss_coeff] = stats["explained_variance"]
+    assert explained[0.5] > 0.9 and explained[0.0] < 0.5, explained
+
+
 def test_transitions_older_than_max_policy_lag_are_masked_out():
     cfg = small_cfg(max_policy_lag=5)
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
@@ -853,10 +874,11 @@ def test_end_to_end_training_run_checkpoints_resumes_and_cleans_up(tmp_path):
     assert all(health.values()), events.Tags()["scalars"]  # PPO's health numbers reach TensorBoard
     assert all(0 <= value < 1 for value in health["approx_kl"] + health["clip_fraction"])
     assert all(value <= 1 for value in health["explained_variance"])
-    # the critic learns within 25 s: over the later reports it explains part of the returns' variance
-    # (seeds 1-3 here: medians 0.38-0.52; with --value_loss_coeff 0, -0.03)
-    later = health["explained_variance"][len(health["explained_variance"]) // 2:]
-    assert np.median(later) > 0.1, health["explained_variance"]
+    # explained variance rises above 0 within 25 s. Each report is one batch's (128 steps), so reports
+    # swing widely (-0.7 to 0.8 in 16 runs here), and a run this short cannot tell a learning critic
+    # from a frozen one (the best reports of some seeds stay near 0.1, as with --value_loss_coeff 0):
+    # test_the_critic_learns_the_value_of_its_observations holds that part
+    assert max(health["explained_variance"]) > 0, health["explained_variance"]
     assert processes_tagged(tag) == []
 
     second = run_appo(tmp_path, tag, seconds=15)
