@@ -618,6 +618,7 @@ def make_doom_env(name: str, cfg=None, env_index: int = 0, render_mode: str | No
         frameskip=_frameskip(cfg),
         with_game_variables=scenario.full_measurements or bool(getattr(cfg, "doom_game_variables", False)),
         render_mode=render_mode,
+        resize=getattr(cfg, "doom_resize", "area"),
     )
     stats = env = GameStatsRecorder(env, frames_per_step=env.frameskip)
     if scenario.health_pickup_reward:
@@ -664,6 +665,10 @@ def add_doom_flags(group) -> None:
                        help="Doom: add the scenario's game variables to the observation")
     group.add_argument("--doom_scenarios_dir", default=None,
                        help="Doom: load scenario .cfg/.wad files from this folder")
+    group.add_argument("--doom_resize", choices=sorted(DOOM_RESIZE), default="area",
+                       help="Doom: how the 160x120 screen shrinks to the model's 128x72: area averages the "
+                            "pixels each output pixel covers; nearest takes one of them, as Sample Factory does "
+                            "(cheaper, and the same frames as Sample Factory's)")
 
 
 def doom_flag_errors(cfg) -> list[str]:
@@ -716,11 +721,13 @@ class DoomEnv(gym.Env):
         with_game_variables: bool = False,
         render_mode: str | None = None,
         sf_task: bool = True,
+        resize: str = "area",
     ):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"Doom envs support render_mode None or 'rgb_array', not {render_mode!r}")
         self.render_mode = render_mode
         self.frameskip = frameskip
+        self._resize = resize
         self._with_game_variables = with_game_variables
         self._full_measurements = scenario.full_measurements
         self._button_table = _doom_button_table(scenario.action_heads)
@@ -770,7 +777,7 @@ class DoomEnv(gym.Env):
     def _observe(self):
         state = self.game.get_state()
         self._last_screen = state.screen_buffer
-        image = _doom_image(state.screen_buffer)
+        image = _doom_image(state.screen_buffer, self._resize)
         if self._full_measurements:
             self._last_obs = {"obs": image, "measurements": doom_measurements(state.game_variables)}
         elif self._with_game_variables:
@@ -788,9 +795,16 @@ class DoomEnv(gym.Env):
         return self.game.get_episode_time() >= self.game.get_episode_start_time() + timeout
 
 
-def _doom_image(screen: np.ndarray) -> np.ndarray:
+# How --doom_resize shrinks the screen (OpenCV's interpolations): "area" averages the pixels each
+# output pixel covers; "nearest" takes one of them, as Sample Factory 2.1.1 does for Doom (the
+# ResizeWrapper its doom_utils.py applies), for far less CPU a frame (docs/results/throughput.md).
+DOOM_RESIZE = {"area": "INTER_AREA", "nearest": "INTER_NEAREST"}
+
+
+def _doom_image(screen: np.ndarray, resize: str = "area") -> np.ndarray:
     """160x120 HWC screen -> the model's 128x72 CHW frame."""
-    resized = cv2.resize(screen, (DOOM_SCREEN_WIDTH, DOOM_SCREEN_HEIGHT), interpolation=cv2.INTER_AREA)
+    interpolation = getattr(cv2, DOOM_RESIZE[resize])
+    resized = cv2.resize(screen, (DOOM_SCREEN_WIDTH, DOOM_SCREEN_HEIGHT), interpolation=interpolation)
     return np.ascontiguousarray(resized.transpose(2, 0, 1))
 
 

@@ -165,6 +165,22 @@ def test_doom_game_variables_and_render(make_doom):
     assert frame.shape == (120, 160, 3) and frame.dtype == np.uint8  # full resolution, for videos
 
 
+def test_doom_resize_nearest_picks_screen_pixels_and_area_averages_them(make_doom):
+    """--doom_resize nearest: every pixel of the 128x72 frame is the screen pixel OpenCV's nearest
+    rule names (Sample Factory's frames); area (the default) averages, so the frame keeps the
+    screen's mean brightness but is not that subsample."""
+    frames = {}
+    for resize in ("nearest", "area"):
+        env = make_doom("doom_basic", render_mode="rgb_array", doom_resize=resize)
+        frames[resize], _ = env.reset(seed=0)
+        screen = env.render()  # the 160x120 screen the frame was made from
+    rows, columns = np.arange(72) * 120 // 72, np.arange(128) * 160 // 128
+    subsample = screen[rows][:, columns].transpose(2, 0, 1)
+    assert np.array_equal(frames["nearest"], subsample)
+    assert not np.array_equal(frames["area"], subsample)
+    assert abs(frames["area"].mean() - screen.mean()) < 1.0
+
+
 def test_doom_basic_is_sample_factorys_task_with_its_status_bar(make_doom, tmp_path):
     """The package's basic.cfg hides the status bar; Sample Factory's copy shows it, and doom_basic
     is Sample Factory's task. The same .cfg from --doom_scenarios_dir is rendered as written."""
