@@ -751,9 +751,10 @@ def main(argv=None):
     rows = []
     for env_name in args.envs:
         task_path = os.path.join(args.results_dir, env_name, "task_match.json")
-        if args.sf_python and not args.report_only:
+        if args.sf_python and not args.report_only and env_name in AGAINST_SF:  # gym: envs: appo.py alone
             save_json(task_path, {"task": check_task(args, env_name), "commit": git_commit()})
-        task = (load_result(task_path) or {}).get("task", "not checked (no --sf_python)")
+        task = (load_result(task_path) or {}).get("task", "not checked (no --sf_python)" if env_name in AGAINST_SF
+                                                  else "appo.py alone")
         results = {}
         for trainer in ("appo", "sf"):
             results[trainer] = []
