@@ -666,9 +666,9 @@ def add_doom_flags(group) -> None:
     group.add_argument("--doom_scenarios_dir", default=None,
                        help="Doom: load scenario .cfg/.wad files from this folder")
     group.add_argument("--doom_resize", choices=sorted(DOOM_RESIZE), default="area",
-                       help="Doom: how the 160x120 screen shrinks to the model's 128x72: area averages the "
-                            "pixels each output pixel covers; nearest takes one of them, as Sample Factory does "
-                            "(cheaper, and the same frames as Sample Factory's)")
+                       help="Doom (scenarios and matches): how the 160x120 screen shrinks to the model's 128x72: "
+                            "area averages the pixels each output pixel covers; nearest takes one of them, as "
+                            "Sample Factory does (cheaper, and the same frames as Sample Factory's)")
 
 
 def doom_flag_errors(cfg) -> list[str]:
@@ -1069,6 +1069,7 @@ def make_doom_match_env(name: str, cfg=None, env_index: int = 0, render_mode: st
         minutes=None if minutes is None else float(minutes),
         seed=_run_seed(cfg, env_index),
         render_mode=render_mode,
+        resize=getattr(cfg, "doom_resize", "area"),
     )
 
 
@@ -1281,10 +1282,12 @@ class DoomMatchEnv(gym.Env):
         minutes: float | None = None,
         seed: int | None = None,
         render_mode: str | None = None,
+        resize: str = "area",
     ):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"Doom envs support render_mode None or 'rgb_array', not {render_mode!r}")
         self.match = match
+        self._resize = resize
         self.num_agents = match.num_agents
         self.frameskip = frameskip
         self.minutes = match.minutes if minutes is None else minutes
@@ -1460,7 +1463,7 @@ class DoomMatchEnv(gym.Env):
             return self._last_obs[agent], dict(zip(DOOM_MATCH_VARIABLES, values)), True
         state = game.get_state()
         values = state.game_variables
-        obs = {"obs": _doom_image(state.screen_buffer), "measurements": doom_measurements(values)}
+        obs = {"obs": _doom_image(state.screen_buffer, self._resize), "measurements": doom_measurements(values)}
         self._last_obs[agent] = obs
         if agent == 0:
             self._last_screen = state.screen_buffer
