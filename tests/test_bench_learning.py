@@ -144,6 +144,9 @@ def test_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--envs", "doom_basic"])  # Sample Factory's runs need its interpreter
     assert "--sf_python" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # appo.py plays this one on Sample Factory's map, found through it
+        bench.parse_args(["--envs", "doom_health_gathering_supreme", "--trainers", "appo"])
+    assert "load Sample Factory's scenario files" in capsys.readouterr().err
 
 
 def test_the_task_probe_plays_doom_basic_the_same_way_twice(tmp_path):
