@@ -110,7 +110,29 @@ SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
 SF_CONFIGS = {
     "published": [],  # cfg.py with doom_params.py or atari_params.py
     "doom_batch_512": ["--batch_size", "512"],  # the Doom family's batch (Sample Factory's is 1024)
+    # ... and appo.py's resize of Doom screens, the average (SF_PATCHES): appo.py's Doom defaults in full
+    "doom_batch_512_area_resize": ["--batch_size", "512"],
 }
+# Settings Sample Factory has no flag for, made by a sitecustomize module put on its PYTHONPATH (so in
+# every process a run starts). area_resize: its doom_utils.py makes ResizeWrapper without
+# area_interpolation, so Doom screens shrink to the nearest pixel; appo.py averages (INTER_AREA).
+SF_PATCHES = {
+    "area_resize": """
+try:
+    import sample_factory.envs.env_wrappers as wrappers
+except ImportError:  # an interpreter without Sample Factory
+    wrappers = None
+if wrappers is not None:
+    _resize_init = wrappers.ResizeWrapper.__init__
+
+    def _area_resize_init(self, *args, **kwargs):
+        kwargs["area_interpolation"] = True
+        _resize_init(self, *args, **kwargs)
+
+    wrappers.ResizeWrapper.__init__ = _area_resize_init
+""",
+}
+SF_CONFIG_PATCHES = {"doom_batch_512_area_resize": "area_resize"}
 # Where Sample Factory spells a game otherwise (its sf_examples/atari/atari_utils.py ATARI_ENVS).
 SF_ENV_NAMES = {"atari_space_invaders": "atari_spaceinvaders"}
 # Where a Sample Factory Doom env sets no true objective, its avg_true_objective is the sum of the
@@ -180,6 +202,8 @@ def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
                       setup=code_hash([os.path.join(REPO, "scripts", "setup_sample_factory.sh")]))
         if args.sf_config != "published":  # saved results of the published one keep their key
             config["sf_config"] = args.sf_config
+        if args.sf_config in SF_CONFIG_PATCHES:
+            config["patch"] = SF_CONFIG_PATCHES[args.sf_config]
     return config
 
 
@@ -230,6 +254,16 @@ def trainer_command(args, config: dict, train_dir: str) -> list[str]:
     return [args.sf_python, "-m", config["launcher"], *common, "--device", "cpu"]
 
 
+def patched_environment(config: dict, folder: str) -> dict | None:
+    """The environment of a run whose configuration names a patch (SF_PATCHES): its sitecustomize
+    module in `folder`, first on PYTHONPATH; None (this process's environment) for the others."""
+    if "patch" not in config:
+        return None
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(SF_PATCHES[config["patch"]])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])))
+
+
 def sf_scenarios_dir(sf_python: str) -> str:
     """The folder of Sample Factory's own Doom scenario files, in its interpreter's site-packages."""
     code = "import os, sf_examples.vizdoom.doom as d; print(os.path.join(os.path.dirname(d.__file__), 'scenarios'))"
@@ -259,7 +293,8 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: float, max_seconds: float) -> dict:
+def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: float, max_seconds: float,
+                environment: dict | None = None) -> dict:
     """Runs one training in its own process group, its output to log_path. A run that prints
     nothing for stall_seconds, or runs past max_seconds, is killed as hung. Whatever it leaves
     (processes, /dev/shm entries) is removed and reported. `other_cpu_share` is the share of the
@@ -271,7 +306,7 @@ def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: floa
     last_output = [time.monotonic()]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True)
+                                   start_new_session=True, env=environment)
 
         def copy_output():
             for line in process.stdout:
@@ -389,7 +424,7 @@ def run_one(args, config: dict) -> dict:
     try:
         command = trainer_command(args, config, train_dir)
         outcome = run_trainer(command, cwd=train_dir, log_path=log_path, stall_seconds=args.stall_seconds,
-                              max_seconds=args.max_hours * 3600)
+                              max_seconds=args.max_hours * 3600, environment=patched_environment(config, train_dir))
         curve = []
         try:
             curve = (appo_curve(train_dir, outcome["started_at"]) if trainer == "appo"

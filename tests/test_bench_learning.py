@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import uuid
 
@@ -157,6 +158,33 @@ def test_the_task_probe_plays_doom_basic_the_same_way_twice(tmp_path):
     assert first["action_sizes"].tolist() == [4]
     assert len(first["rewards"]) == 200 and first["dones"].any()  # episodes end and restart within 200 steps
     assert np.array_equal(first["screens"], second["screens"]) and np.array_equal(first["rewards"], second["rewards"])
+
+
+def test_a_patched_sample_factory_configuration_sets_what_it_has_no_flag_for(tmp_path):
+    """doom_batch_512_area_resize: the batch as a flag, the area resize by a sitecustomize module on
+    the run's PYTHONPATH. Sample Factory is not installed here, so the patch runs against a stand-in
+    sample_factory.envs.env_wrappers whose ResizeWrapper has Sample Factory 2.1.1's signature."""
+    args = bench.parse_args(["--envs", "doom_defend_the_center", "--trainers", "appo",
+                             "--sf_config", "doom_batch_512_area_resize"])
+    config = bench.run_config(args, "sf", "doom_defend_the_center", 1)
+    assert config["extra_flags"] == ["--batch_size", "512"] and config["patch"] == "area_resize"
+    stand_in = tmp_path / "stand_in" / "sample_factory" / "envs"
+    stand_in.mkdir(parents=True)
+    for package in (stand_in.parent, stand_in):
+        (package / "__init__.py").write_text("")
+    (stand_in / "env_wrappers.py").write_text(
+        "class ResizeWrapper:\n"
+        "    def __init__(self, env, w, h, grayscale=True, add_channel_dim=False, area_interpolation=False):\n"
+        "        self.area_interpolation = area_interpolation\n")
+    made_as_doom_utils_makes_it = ("from sample_factory.envs.env_wrappers import ResizeWrapper; "
+                                   "print(ResizeWrapper(None, 128, 72, grayscale=False).area_interpolation)")
+    for environment, expected in ((bench.patched_environment(config, str(tmp_path)), "True"),
+                                  (dict(os.environ), "False")):
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [environment.get("PYTHONPATH"), str(tmp_path / "stand_in")]))
+        printed = subprocess.run([sys.executable, "-c", made_as_doom_utils_makes_it], env=environment,
+                                 capture_output=True, text=True, cwd=tmp_path / "stand_in")
+        assert printed.stdout.strip() == expected, printed.stderr
+    assert bench.patched_environment(bench.run_config(args, "appo", "doom_defend_the_center", 1), str(tmp_path)) is None
 
 
 def test_the_task_check_tells_the_same_task_from_one_with_another_reward(tmp_path, monkeypatch):
