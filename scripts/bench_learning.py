@@ -249,7 +249,7 @@ def trainer_command(args, config: dict, train_dir: str) -> list[str]:
     common = ["--env", env_name, *config["system"], "--seed", str(config["seed"]), "--train_dir", train_dir,
               "--experiment", "run", "--train_for_env_steps", str(config["frames"]), *config["extra_flags"]]
     if appo:
-        scenarios = ["--doom_scenarios_dir", sf_scenarios_dir(args.sf_python)] if "scenario_files" in config else []
+        scenarios = ["--doom_scenarios_dir", args.sf_scenarios_dir] if "scenario_files" in config else []
         return [sys.executable, os.path.join(REPO, "appo.py"), *common, *scenarios, "--report_every_sec", "5"]
     return [args.sf_python, "-m", config["launcher"], *common, "--device", "cpu"]
 
@@ -469,7 +469,7 @@ def probe(python: str, trainer: str, env_name: str, out: str, flags: tuple = ())
 def check_task(args, env_name: str) -> str:
     """One line: how the two trainers' tasks were matched, and what the probe found."""
     with tempfile.TemporaryDirectory() as folder:
-        scenarios = ("--doom_scenarios_dir", sf_scenarios_dir(args.sf_python)) if env_name in SF_SCENARIO_FILES else ()
+        scenarios = ("--doom_scenarios_dir", args.sf_scenarios_dir) if env_name in SF_SCENARIO_FILES else ()
         ours = probe(sys.executable, "appo", env_name, os.path.join(folder, "appo.npz"), scenarios)
         theirs = probe(args.sf_python, "sf", SF_ENV_NAMES.get(env_name, env_name), os.path.join(folder, "sf.npz"))
     if ours is None or theirs is None:
@@ -767,6 +767,9 @@ def parse_args(argv=None):
     args.plot_dir = args.plot_dir or args.results_dir
     if args.sf_python:  # its runs and the task probe start in other folders
         args.sf_python = os.path.abspath(args.sf_python)
+    # asked of Sample Factory's interpreter once, for every run and probe that needs its map
+    needed = args.sf_python and not args.report_only and any(name in SF_SCENARIO_FILES for name in args.envs)
+    args.sf_scenarios_dir = sf_scenarios_dir(args.sf_python) if needed else None
     return args
 
 
