@@ -723,6 +723,23 @@ def test_shared_weights_round_trip():
         assert torch.equal(a, b)
 
 
+def report_thread_pools(results):
+    appo.child_process_setup("rollout")
+    results.put((torch.get_num_threads(), appo.envs.cv2.getNumThreads()))
+
+
+def test_a_child_process_computes_on_one_thread_in_torch_and_in_opencv(spawn):
+    """A rollout worker is one of many processes stepping envs: a thread pool of its own (OpenCV's
+    resize of Atari frames, unpinned, cost 40% more CPU with its default two threads here) only
+    takes cores from the others."""
+    results = spawn.Queue()
+    child = spawn.Process(target=report_thread_pools, args=(results,))
+    child.start()
+    pools = results.get(timeout=60)
+    child.join(timeout=30)
+    assert pools == (1, 1)  # (torch's threads, OpenCV's)
+
+
 def test_device_resident_weights_are_shared_not_copied_between_processes(spawn):
     """With --device cuda the published weights live in GPU memory that every process maps
     (torch pickles CUDA tensors as IPC handles). No GPU here: this is a stand-in that puts the
