@@ -729,9 +729,8 @@ def report_thread_pools(results):
 
 
 def test_a_child_process_computes_on_one_thread_in_torch_and_in_opencv(spawn):
-    """A rollout worker is one of many processes stepping envs: a thread pool of its own (OpenCV's
-    resize of Atari frames, unpinned, cost 40% more CPU with its default two threads here) only
-    takes cores from the others."""
+    """A rollout worker is one of many processes stepping envs: a thread pool of its own (OpenCV
+    resizes every Doom and Atari frame) only takes cores from the others (docs/results/throughput.md)."""
     results = spawn.Queue()
     child = spawn.Process(target=report_thread_pools, args=(results,))
     child.start()
