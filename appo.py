@@ -1647,8 +1647,6 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
-    if envs.cv2 is not None:  # OpenCV's pool: on one small frame its second thread costs more CPU than it saves
-        envs.cv2.setNumThreads(threads)
 
 
 def engine_log_path(cfg, owner: str) -> str:

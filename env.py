@@ -50,6 +50,9 @@ from gymnasium import spaces
 
 try:
     import cv2  # resizes Doom and Atari frames; DMLab renders at the training size
+    # One thread: a frame is small, and the process stepping envs is one of many that keep every core
+    # busy; OpenCV's default pool of a thread per core costs more CPU than it saves.
+    cv2.setNumThreads(1)
 except ImportError:  # env_error() tells the user how to install it
     cv2 = None
 

@@ -169,8 +169,6 @@ def measure_pure_simulation(args) -> dict:
     """The envs stepped with random actions in this process, one after the other."""
     cfg = appo.parse_args(bench.trainer_config(args, args.num_envs_per_worker) + args.trainer_flags)
     cores = os.sched_getaffinity(0)
-    if envs.cv2 is not None:  # as in a rollout worker (appo.child_process_setup)
-        envs.cv2.setNumThreads(1)
     if cfg.set_workers_cpu_affinity:  # on one core with its games, as the trainer pins a rollout worker
         os.sched_setaffinity(0, {min(cores)})
     made = []

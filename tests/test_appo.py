@@ -730,7 +730,8 @@ def report_thread_pools(results):
 
 def test_a_child_process_computes_on_one_thread_in_torch_and_in_opencv(spawn):
     """A rollout worker is one of many processes stepping envs: a thread pool of its own (OpenCV
-    resizes every Doom and Atari frame) only takes cores from the others (docs/results/throughput.md)."""
+    resizes every Doom and Atari frame; env.py sets its pool at import) only takes cores from the
+    others (docs/results/throughput.md)."""
     results = spawn.Queue()
     child = spawn.Process(target=report_thread_pools, args=(results,))
     child.start()
