@@ -72,6 +72,7 @@ SUITE = {
 HELD_OUT = {
     "doom_deadly_corridor": 1_000_000,
     "doom_health_gathering_supreme": 1_000_000,
+    "atari_pong": 3_000_000,
 }
 # Envs whose map the vizdoom package ships otherwise than Sample Factory does: appo.py's runs and
 # probe load Sample Factory's own scenario files (--doom_scenarios_dir, found through --sf_python),
