@@ -3462,7 +3462,7 @@ def load_policy_for_eval(cfg) -> dict:
     if saved.get("env", cfg.env) != cfg.env:
         raise CheckpointError(f"the checkpoint was trained on {saved['env']}, not --env {cfg.env}: "
                               f"use --env {saved['env']}")
-    for flag in MODEL_FLAGS + ["env_frameskip", "doom_resize"]:  # play with the model and the env it was trained with
+    for flag in MODEL_FLAGS + ["env_frameskip", *envs.trained_flags(cfg.env)]:  # the model and env it was trained with
         if flag in saved:
             setattr(cfg, flag, saved[flag])
     return checkpoint

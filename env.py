@@ -95,6 +95,9 @@ class Family:
     add_flags: Callable[[object], None] = lambda group: None  # declares its flags in appo.py's env group
     # (a boolean flag there takes action="switch": --name, --no-name, --name=True/False)
     flag_errors: Callable[[object], list] = lambda cfg: []  # checks them, before anything starts
+    # those of its flags that change what the policy sees or does: an evaluation plays with the values
+    # the checkpoint was trained with, whatever the command line says
+    trained_flags: tuple[str, ...] = ()
     registered: bool = False
 
 
@@ -193,6 +196,12 @@ def game_fps(name: str) -> float:
     """Frames per second of the game itself (videos play at game speed: this / frameskip)."""
     family = family_of(name)
     return 60.0 if family is None else family.game_fps(name)
+
+
+def trained_flags(name: str) -> tuple[str, ...]:
+    """The env flags a checkpoint of `name` must be played with (its family's trained_flags)."""
+    family = family_of(name)
+    return () if family is None else family.trained_flags
 
 
 def add_flags(group) -> None:
@@ -707,6 +716,7 @@ DOOM = Family(  # every single-player scenario (the matches are a family of thei
     game_fps=lambda name: 35.0,  # Doom's tic rate
     add_flags=add_doom_flags,
     flag_errors=doom_flag_errors,
+    trained_flags=("doom_game_variables", "doom_resize"),
 )
 
 
@@ -1099,6 +1109,7 @@ DOOM_MATCH = Family(
     num_agents=lambda name: DOOM_MATCHES[name].num_agents,
     add_flags=add_doom_match_flags,
     flag_errors=doom_match_flag_errors,
+    trained_flags=("doom_resize",),
 )
 
 
@@ -2093,6 +2104,7 @@ GYM = Family(
     game_fps=_gym_game_fps,
     add_flags=add_gym_flags,
     flag_errors=gym_flag_errors,
+    trained_flags=("env_kwargs",),
 )
 
 

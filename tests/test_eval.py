@@ -97,6 +97,20 @@ def test_eval_deterministic_with_a_seed_plays_the_same_game_twice(tmp_path):
     assert games[0] == games[1]
 
 
+@pytest.mark.parametrize("env_name, trained_with, played_with", [
+    ("doom_basic", ["--doom_resize", "nearest"], {"doom_resize": "nearest"}),
+    ("gym:CartPole-v1", ["--env_kwargs", '{"sutton_barto_reward": true}'], {"env_kwargs": '{"sutton_barto_reward": true}'}),
+])
+def test_eval_plays_with_the_env_flags_the_checkpoint_was_trained_with(tmp_path, env_name, trained_with, played_with):
+    """A policy trained on nearest-pixel screens (or other env kwargs) is played on them, whatever
+    the eval command line says: its family's trained_flags come from the checkpoint."""
+    save_untrained_policy(tmp_path, env_name, *trained_with)
+    cfg = appo.parse_args(["--mode", "eval", "--env", env_name, "--train_dir", str(tmp_path), "--experiment", "played"])
+    assert {flag: getattr(cfg, flag) for flag in played_with} != played_with  # the command line's defaults
+    appo.load_policy_for_eval(cfg)
+    assert {flag: getattr(cfg, flag) for flag in played_with} == played_with
+
+
 def test_eval_errors_name_the_fix(tmp_path):
     missing = run_eval(tmp_path, "--env", "doom_basic")
     assert missing.returncode == 2 and "no checkpoint in" in missing.stderr and "--checkpoint" in missing.stderr
