@@ -716,7 +716,7 @@ DOOM = Family(  # every single-player scenario (the matches are a family of thei
     game_fps=lambda name: 35.0,  # Doom's tic rate
     add_flags=add_doom_flags,
     flag_errors=doom_flag_errors,
-    trained_flags=("doom_game_variables", "doom_resize"),
+    trained_flags=("doom_resize",),  # doom_game_variables too, as one of appo.py's MODEL_FLAGS
 )
 
 

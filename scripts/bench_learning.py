@@ -661,13 +661,12 @@ def headline_table() -> str:
         held_out = env_name in HELD_OUT
         folder = HEADLINE_FOLDERS["held out" if held_out else "suite"]
         appo, sf = saved_runs(folder, env_name, "appo"), saved_runs(folder, env_name, "sf")
-        ours = []
-        for sf_config in HEADLINE_SF_CONFIGS:
-            if family(env_name) == "atari":  # its settings are Sample Factory's published ones
-                ours.append("same configuration")
-                continue
-            runs = saved_runs(folder if held_out else HEADLINE_FOLDERS[sf_config], env_name, f"sf_{sf_config}")
-            ours.append(headline_cell(runs, frames) if runs else "not run")
+        if family(env_name) == "atari":  # the Atari family's settings are Sample Factory's published ones
+            ours = ["same configuration"] * len(HEADLINE_SF_CONFIGS)
+        else:
+            ours = [headline_cell(runs, frames) if runs else "not run"
+                    for runs in (saved_runs(folder if held_out else HEADLINE_FOLDERS[sf_config], env_name,
+                                            f"sf_{sf_config}") for sf_config in HEADLINE_SF_CONFIGS)]
         name = f"{env_name}, held out" if held_out else env_name
         lines.append(f"| {name} | {frames / 1e6:g}M | {headline_cell(appo, frames)} | {headline_cell(sf, frames)} | "
                      f"{' | '.join(ours)} | {minutes([run['wall_s'] for run in appo])} | "
