@@ -432,6 +432,16 @@ def native_bfloat16(device: str) -> bool:
     return torch.backends.mkldnn.is_available() and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
+def host_reads_stall(device: torch.device) -> bool:
+    """Does reading a tensor's value on the host (`.item()`, `bool()`, a boolean index) wait for
+    every kernel queued before it? On a GPU it does, and a learner step that reads a dozen values
+    runs a dozen times as a stop-and-go; so there the learner keeps its decisions on the device
+    (fused Adam skips a non-finite step itself, the normalisers weigh rows instead of selecting
+    them). On the CPU a read is free, and the learner keeps the code whose numerics the seeded
+    serial runs pin down (scripts/same_training.py)."""
+    return torch.device(device).type != "cpu"
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux lists them (empty elsewhere: float32 is the safe guess)."""
     try:
@@ -749,30 +759,56 @@ class RunningNormalizer(nn.Module):
         self.clip = clip
 
     @torch.no_grad()
-    def update(self, batch: torch.Tensor, scale: float = 1.0):
-        """Merges the statistics of `scale * batch` [N, *shape] (Chan et al.'s parallel formula).
+    def update(self, batch: torch.Tensor, scale: float = 1.0, rows: torch.Tensor | None = None):
+        """Merges the statistics of `scale * batch` [N, *shape] (Chan et al.'s parallel formula),
+        of its rows where `rows` [N] is nonzero if given. A batch with a NaN or Inf in a counted
+        row is left out whole: it would poison the statistics for good.
 
         Integer batches (pixels) are scaled after the reduction, which saves a pass over them.
         Under torchrun the moments are combined over every rank's batch, so all ranks keep equal statistics.
         """
-        n = batch.shape[0]
-        if n and batch.is_floating_point() and not torch.isfinite(batch).all():
-            n = 0  # a NaN would poison the statistics for good
-        batch_mean, batch_var = torch.zeros_like(self.mean), torch.zeros_like(self.var)
-        if n:
-            batch = batch.float()
-            batch_mean = batch.mean(0)
-            batch_var = (batch - batch_mean).pow_(2).mean(0)  # faster than torch.var_mean over dim 0 on CPU
-            batch_mean, batch_var = batch_mean * scale, batch_var * scale ** 2
+        if host_reads_stall(batch.device):
+            batch_mean, batch_var, n = self.weighted_moments(batch, rows)
+        else:
+            batch_mean, batch_var, n = self.selected_moments(batch if rows is None else batch[rows > 0])
+        batch_mean, batch_var = batch_mean * scale, batch_var * scale ** 2
         if distributed():
             batch_mean, batch_var, n = all_ranks_moments(batch_mean, batch_var, n)
+        self.merge(batch_mean, batch_var, n)
+
+    def selected_moments(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(mean, variance, count) of the rows, read on the host: 0 rows if any is not finite."""
+        n = batch.shape[0]
+        if n and batch.is_floating_point() and not torch.isfinite(batch).all():
+            n = 0
         if n == 0:
+            return torch.zeros_like(self.mean), torch.zeros_like(self.var), 0
+        batch = batch.float()
+        batch_mean = batch.mean(0)
+        batch_var = (batch - batch_mean).pow_(2).mean(0)  # faster than torch.var_mean over dim 0 on CPU
+        return batch_mean, batch_var, n
+
+    def weighted_moments(self, batch: torch.Tensor, rows: torch.Tensor | None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The same as selected_moments with the count a tensor on the device: rows are weighed,
+        not selected, so nothing waits for the device to say how many there are."""
+        weights = torch.ones(batch.shape[0], device=batch.device) if rows is None else (rows > 0).float()
+        weights = weights.view(-1, *[1] * (batch.dim() - 1))
+        batch = torch.where(weights > 0, batch.float(), 0.0)
+        n = weights.sum() * torch.isfinite(batch).all()
+        batch_mean = batch.sum(0) / n.clamp(min=1.0)
+        batch_var = ((batch - batch_mean) * weights).pow_(2).sum(0) / n.clamp(min=1.0)
+        return batch_mean, batch_var, n
+
+    def merge(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, n: int | torch.Tensor):
+        if not torch.is_tensor(n) and n == 0:
             return
         total = self.count + n
         delta = batch_mean - self.mean
-        self.mean += delta * n / total
-        self.var.copy_((self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total) / total)
-        self.count.copy_(total)
+        merged = (self.mean + delta * n / total,
+                  (self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total) / total, total)
+        for statistic, value in zip((self.mean, self.var, self.count), merged):
+            statistic.copy_(torch.where(n > 0, value, statistic) if torch.is_tensor(n) else value)
 
     def forward(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
         """Normalises `scale * x` in one fused multiply-add (the input may be a large batch of pixels)."""
@@ -1135,7 +1171,7 @@ def normalized_targets(model: ActorCritic, targets: torch.Tensor, mask: torch.Te
     if not model.normalize_returns:
         return targets
     if update_statistics:
-        model.returns_normalizer.update(targets[mask > 0])
+        model.returns_normalizer.update(targets.reshape(-1), rows=mask.reshape(-1))
     return model.returns_normalizer(targets)
 
 
@@ -1175,14 +1211,16 @@ def vtrace_targets(model: ActorCritic, steps: dict[str, torch.Tensor], values: t
 
 
 def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
-              update_statistics: bool = False):
+              update_statistics: bool = False, report: bool = True):
     """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first).
 
     V-trace targets are computed here, per minibatch, on the learner's own values (step T holds
     only the bootstrap observation, see gae_targets); with GAE the batch carries the targets and
     advantages that gae_targets computed for it ("target", "advantage", [T, B]). Returns (loss,
-    stats dict of floats). With `update_statistics` V-trace's targets also update the running
-    return statistics (the learner asks for it in the first epoch only, so each target is counted once).
+    stats): with `report`, a dict of 0-dim tensors that the status line and TensorBoard show
+    (the learner asks for them only when a report is due: they cost dozens of small kernels).
+    With `update_statistics` V-trace's targets also update the running return statistics (the
+    learner asks for it in the first epoch only, so each target is counted once).
     """
     if not cfg.with_vtrace and "target" not in batch:
         raise KeyError("appo_loss with GAE (--no-with_vtrace) trains on the batch's 'target' and 'advantage': "
@@ -1210,18 +1248,21 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     critic_loss = value_loss(values, steps["value"], targets, cfg.ppo_clip_value, mask)
     exploration, entropy = exploration_loss(logits, action_dist, mask, cfg)
     loss = policy_loss + cfg.value_loss_coeff * critic_loss + cfg.exploration_loss_coeff * exploration
-    stats = {
-        "loss": loss.item(), "policy_loss": policy_loss.item(), "value_loss": critic_loss.item(),
-        "entropy": entropy.item(), "valid_fraction": mask.mean().item(),
-        "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask).item(),
-        "value_mean": masked_mean(model.values_to_returns(values.detach()), mask).item(),
-        "lag_min": lag.min().item(), "lag_avg": lag.float().mean().item(), "lag_max": lag.max().item(),
-        **ppo_health(log_probs.detach(), behaviour_log_probs, values.detach(), targets, mask, cfg.ppo_clip_ratio),
-    }
+    if not report:
+        return loss, {}
+    with torch.no_grad():
+        stats = {
+            "loss": loss.detach(), "policy_loss": policy_loss.detach(), "value_loss": critic_loss.detach(),
+            "entropy": entropy.detach(), "valid_fraction": mask.mean(),
+            "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask),
+            "value_mean": masked_mean(model.values_to_returns(values), mask),
+            "lag_min": lag.min().float(), "lag_avg": lag.float().mean(), "lag_max": lag.max().float(),
+            **ppo_health(log_probs, behaviour_log_probs, values, targets, mask, cfg.ppo_clip_ratio),
+        }
     return loss, stats
 
 
-def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, float]:
+def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, torch.Tensor]:
     """The three numbers PPO users look at first (CleanRL, Stable-Baselines3): how far the policy
     moved from the one that acted (approx_kl, the (r - 1) - log r estimator), the share of steps
     whose ratio the clip bounds (clip_fraction), and how much of the targets' variance the values
@@ -1233,9 +1274,9 @@ def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio
     target_var = masked_mean((targets - target_mean) ** 2, mask)
     error = targets - values
     error_var = masked_mean((error - masked_mean(error, mask)) ** 2, mask)
-    return {"approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask).item(),
-            "clip_fraction": masked_mean(clipped.float(), mask).item(),
-            "explained_variance": (1.0 - error_var / target_var).item() if target_var > 0 else float("nan")}
+    explained = torch.where(target_var > 0, 1.0 - error_var / target_var, float("nan"))
+    return {"approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+            "clip_fraction": masked_mean(clipped.float(), mask), "explained_variance": explained}
 
 
 def scheduled_learning_rate(cfg, env_frames: int) -> float | None:
@@ -1248,13 +1289,13 @@ def scheduled_learning_rate(cfg, env_frames: int) -> float | None:
 
 
 def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-               policy_version: int, cfg) -> tuple[dict, int, bool]:
+               policy_version: int, cfg, report: bool = True) -> tuple[dict, torch.Tensor]:
     """One training iteration on a batch [T+1, B, ...]: the input statistics (and with GAE the
     batch's targets, see gae_targets), then --num_epochs passes over the batch, each in
     --num_batches_per_epoch minibatches of whole trajectories (V-trace runs along a trajectory,
     and each starts from its own saved RNN state), one optimiser step each. Every statistic
-    counts the batch once. Returns (the last step's loss stats, the optimiser steps taken, False
-    if it stopped at a non-finite loss or gradient, whose step it did not take)."""
+    counts the batch once. Returns (with `report` the last step's loss stats and gradient norm,
+    else {}; the steps skipped at a non-finite loss or gradient, a 0-dim tensor)."""
     model.update_normalizers({key: trajectory_major(batch[key]) for key in model.encoders})
     trajectories = batch["done"].shape[1]
     size = trajectories // cfg.num_batches_per_epoch  # --batch_size / --rollout for a whole iteration
@@ -1262,32 +1303,40 @@ def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict
     minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
     if not cfg.with_vtrace:
         batch = {**batch, **gae_targets(model, batch, policy_version, cfg)}
-    stats, steps_taken = {}, 0
-    for epoch in range(cfg.num_epochs):
-        for rows in minibatches:
-            minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
-            loss, stats = appo_loss(model, minibatch, policy_version, cfg, update_statistics=epoch == 0)
-            if not optimizer_step(model, optimizer, loss, stats, cfg):
-                return stats, steps_taken, False
-            steps_taken += 1
-    return stats, steps_taken, True
+    schedule = [(epoch, rows) for epoch in range(cfg.num_epochs) for rows in minibatches]
+    skipped = torch.zeros((), device=batch["done"].device)
+    for step, (epoch, rows) in enumerate(schedule):
+        minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
+        loss, stats = appo_loss(model, minibatch, policy_version, cfg, update_statistics=epoch == 0,
+                                report=report and step == len(schedule) - 1)
+        grad_norm, step_skipped = optimizer_step(model, optimizer, loss, cfg)
+        skipped += step_skipped
+    return ({**stats, "grad_norm": grad_norm} if report else {}), skipped
 
 
-def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: torch.Tensor, stats: dict,
-                   cfg) -> bool:
-    """One clipped Adam step on `loss`; False (and no step) if the loss or gradient is not finite.
-    Under torchrun the ranks average their gradients first and skip or take the step together."""
+def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One clipped Adam step on `loss`, skipped if the loss or gradient is not finite. Returns
+    (the gradient's norm, 1.0 if the step was skipped else 0.0), both 0-dim tensors.
+
+    Where host reads stall, fused Adam skips the step on the device (its `found_inf`, the input
+    torch's GradScaler gives it), so the step reads nothing back. Under torchrun the ranks average
+    their gradients first and skip or take the step together."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if distributed():
         average_gradients(model)
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-    stats["grad_norm"] = grad_norm.item()
-    finite = bool(torch.isfinite(loss) and torch.isfinite(grad_norm))
-    if not (all_ranks_agree(finite) if distributed() else finite):
-        return False
-    optimizer.step()
-    return True
+    skipped = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()
+    if distributed():
+        torch.distributed.all_reduce(skipped, op=torch.distributed.ReduceOp.MAX)  # one rank's NaN stops all
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = skipped
+        optimizer.step()
+        del optimizer.found_inf
+    elif not skipped.item():
+        optimizer.step()
+    return grad_norm.detach(), skipped
 
 
 # =============================================================================================
@@ -2272,7 +2321,41 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
     return "; ".join(problems) or None
 
 
+class BatchBuffers:
+    """One batch's trajectory-major [trajectories, steps, ...] buffers for every field of the slots
+    (two steps of "rnn_state": the first and the last). On a GPU: pinned host buffers, device
+    buffers, and the event that marks the copies between them done."""
+
+    def __init__(self, slot_tensors: dict[str, torch.Tensor], trajectories: int, device: torch.device):
+        on_gpu = device.type == "cuda"
+        self.host, self.device, self.copied = {}, {} if on_gpu else None, None
+        for name, tensor in slot_tensors.items():
+            shape = (trajectories, 2 if name == "rnn_state" else tensor.shape[1], *tensor.shape[2:])
+            self.host[name] = torch.empty(shape, dtype=tensor.dtype, pin_memory=on_gpu)
+            if on_gpu:
+                self.device[name] = torch.empty(shape, dtype=tensor.dtype, device=device)
+
+    def fill(self, slot_tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Copies the slots `index` in; returns the batch (on the device if there is one), time first."""
+        if self.copied is not None:
+            self.copied.synchronize()  # the last copies to the GPU have left the pinned buffers
+        for name, tensor in slot_tensors.items():
+            if name == "rnn_state":
+                torch.stack([tensor[index, 0], tensor[index, -1]], dim=1, out=self.host[name])
+            else:
+                torch.index_select(tensor, 0, index, out=self.host[name])
+        batch = self.host
+        if self.device is not None:
+            batch = {name: self.device[name].copy_(value, non_blocking=True) for name, value in batch.items()}
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        return {name: value.transpose(0, 1) for name, value in batch.items()}
+
+
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
+# How often the learner reads its loss statistics back (on a GPU each read waits for the queued
+# kernels); the runner shows the latest every --report_every_sec.
+LEARNER_STATS_EVERY_S = 1.0
 
 
 class NonFiniteLoss(RuntimeError):
@@ -2285,8 +2368,12 @@ class Learner:
         self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
         self.model = ActorCritic(*spaces_pair, cfg).to(self.device)
+        # fused: one kernel for the whole update, and it skips a non-finite step on the device (optimizer_step)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                                          fused=True if host_reads_stall(self.device) else None)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
         self.policy_version, self.env_frames = 0, 0
         checkpoint = load_latest_checkpoint(cfg, policy_id, quiet=True)  # the runner has warned already
         if checkpoint is not None:
@@ -2302,8 +2389,15 @@ class Learner:
         self.hyperparams_version, self.copy_request = -1, 0  # what PolicyHyperparams asked of it so far
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = trajectories_per_batch(cfg)
-        self.skipped_steps, self.nonfinite_in_a_row = 0, 0
-        self.last_save = time.monotonic()
+        # on the device, read when a report is due (sgd_step)
+        self.skipped_steps = self.nonfinite_in_a_row = torch.zeros((), device=self.device)
+        self.last_save, self.next_stats_at = time.monotonic(), 0.0
+        self.stage_s = dict.fromkeys(["wait", "copy", "sgd", "publish"], 0.0)  # since the last report to the runner
+        # on a GPU: CUDA events around the last SGD work, for its GPU time (the wall clock times the launches)
+        self.sgd_events = (tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
+                           if self.device.type == "cuda" else None)
+        self.buffer_sets: list[BatchBuffers] = []  # take_batch's, made at the first batch
+        self.batches_taken = 0
         self.batcher_stop = threading.Event()
         self.learner_waiting = threading.Event()  # the learner wants a batch: copy one out
 
@@ -2357,16 +2451,30 @@ class Learner:
                 if control.transfer(slot, worker, generation, owner)]
 
     def take_batch(self, slot_indices: list[int]) -> dict[str, torch.Tensor]:
-        """Copies the slots' trajectories out (to the GPU if there is one) and frees the slots."""
-        batch = self.shared.slots.gather(slot_indices)
+        """Copies the slots' trajectories out, once, into one of this learner's two sets of batch
+        buffers (pinned, then one non-blocking copy each to the GPU if there is one), frees the
+        slots and returns the batch, time first. Of the RNN states only steps 0 and T travel: the
+        loss starts from step 0's, GAE's bootstrap from step T's.
+
+        The batcher fills buffers only while the learner waits for a batch, so a set is never
+        refilled under a step reading it; the second set covers the one batch the batcher may
+        copy ahead (the learner's wait timed out just as a batch was being handed over)."""
+        started = time.perf_counter()
+        index = torch.as_tensor(slot_indices, dtype=torch.long)
+        if not self.buffer_sets or self.buffer_sets[0].host["done"].shape[0] != len(index):
+            self.buffer_sets = [BatchBuffers(self.shared.slots.tensors, len(index), self.device) for _ in range(2)]
+        buffers = self.buffer_sets[self.batches_taken % 2]
+        self.batches_taken += 1
+        batch = buffers.fill(self.shared.slots.tensors, index)
         self.shared.slots.control.release(slot_indices)
-        if self.device.type == "cuda":
-            batch = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+        self.stage_s["copy"] += time.perf_counter() - started  # the learner is waiting: no one else writes stage_s
         return batch
 
     def next_batch(self, timeout: float):
         self.learner_waiting.set()
-        return self.batches.get(timeout=timeout)
+        batch = self.batches.get(timeout=timeout)
+        self.learner_waiting.clear()  # the batcher copies into a set of buffers only while the learner waits
+        return batch
 
     def follow_population(self):
         """Takes the hyperparameters and, when asked, the weights that population-based training chose."""
@@ -2386,13 +2494,17 @@ class Learner:
             for group in self.optimizer.param_groups:
                 group["lr"], group["betas"] = row["learning_rate"], (row["adam_beta1"], self.cfg.adam_beta2)
 
-    def train_step(self, batch) -> dict:
+    def train_step(self, batch, report: bool = True) -> dict:
         self.follow_population()
         self.apply_lr_schedule()
-        stats = self.sgd_step(batch)
+        started = time.perf_counter()
+        stats = self.sgd_step(batch, report)
         self.policy_version += 1
         self.env_frames += samples_per_iteration(self.cfg) * self.cfg.env_frameskip * self.cfg.world_size  # all ranks
+        trained = time.perf_counter()
         self.shared.weights[self.policy_id].publish(self.model, self.policy_version)
+        self.stage_s["sgd"] += trained - started
+        self.stage_s["publish"] += time.perf_counter() - trained
         self.shared.run.learner_frames[self.policy_id] = self.env_frames
         self.shared.run.learner_version[self.policy_id] = self.policy_version
         return stats
@@ -2402,28 +2514,33 @@ class Learner:
         for group in self.optimizer.param_groups if learning_rate is not None else []:
             group["lr"] = learning_rate
 
-    def sgd_step(self, batch) -> dict:
-        """sgd_update on the batch, counting the steps it skipped as non-finite; returns the last
-        step's loss stats, the skipped steps so far, and the learning rate the steps took (with
-        --lr_schedule linear_decay it falls; TensorBoard shows it)."""
-        stats, steps_taken, finite = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg)
-        if steps_taken:
-            self.nonfinite_in_a_row = 0
-        if not finite:
-            self.skip_nonfinite_step(stats)
-        return {**stats, "skipped_steps": self.skipped_steps, "learning_rate": self.optimizer.param_groups[0]["lr"]}
-
-    def skip_nonfinite_step(self, stats: dict):
-        """A NaN or Inf loss or gradient: leave the weights as they are; stop after too many in a row."""
-        self.skipped_steps += 1
-        self.nonfinite_in_a_row += 1
-        if self.nonfinite_in_a_row >= MAX_NONFINITE_STEPS:
+    def sgd_step(self, batch, report: bool = True) -> dict:
+        """sgd_update on the batch, counting the steps it skipped as non-finite. With `report`
+        returns the last step's loss stats, the skipped steps so far and the learning rate the
+        steps took (with --lr_schedule linear_decay it falls; TensorBoard shows it), all read
+        back in one go, and stops the run after too many skipped steps in a row; else {}."""
+        steps = self.cfg.num_epochs * self.cfg.num_batches_per_epoch
+        if self.sgd_events is not None:
+            self.sgd_events[0].record()
+        stats, skipped = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg, report)
+        if self.sgd_events is not None:
+            self.sgd_events[1].record()
+        self.skipped_steps = self.skipped_steps + skipped
+        # a batch whose every step was skipped extends the run of skipped steps; any step taken ends it
+        self.nonfinite_in_a_row = (self.nonfinite_in_a_row + skipped) * (skipped == steps)
+        if not report:
+            return {}
+        *values, skipped_steps, in_a_row = torch.stack([*stats.values(), self.skipped_steps,
+                                                        self.nonfinite_in_a_row]).tolist()
+        stats = dict(zip(stats, values))
+        if in_a_row >= MAX_NONFINITE_STEPS:
             raise NonFiniteLoss(
-                f"learner {self.policy_id}: {self.nonfinite_in_a_row} steps in a row had a non-finite loss "
+                f"learner {self.policy_id}: {in_a_row:.0f} steps in a row had a non-finite loss "
                 f"(last: loss {stats['loss']}, value loss {stats['value_loss']}, grad norm {stats['grad_norm']}). "
                 "Likely causes: NaN or Inf in the env's rewards or observations, rewards too large for the "
                 "critic (scale them down), or a learning rate too high. The last checkpoint has the last "
                 "good weights.")
+        return {**stats, "skipped_steps": int(skipped_steps), "learning_rate": self.optimizer.param_groups[0]["lr"]}
 
     def checkpoint_state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
@@ -2458,15 +2575,27 @@ class Learner:
             torch.distributed.destroy_process_group()
 
     def train_and_report(self, batch: dict[str, torch.Tensor]):
-        """One training step, its statistics to the runner, and a checkpoint when one is due."""
+        """One training step, its time and (when due) its statistics to the runner, and a
+        checkpoint when one is due."""
         start = time.perf_counter()
-        stats = self.train_step(batch)
+        report = start >= self.next_stats_at
+        if report:
+            self.next_stats_at = start + LEARNER_STATS_EVERY_S
+        stats = self.train_step(batch, report)
         self.shared.stats_queue.put({"type": "learner", "policy_id": self.policy_id,
-                                     "train_s": time.perf_counter() - start,
+                                     "train_s": time.perf_counter() - start, "stages": self.take_stage_times(),
                                      "policy_version": self.policy_version, **stats})
         if time.monotonic() - self.last_save > self.cfg.save_every_sec:
             self.save()
             self.last_save = time.monotonic()
+
+    def take_stage_times(self) -> dict[str, float]:
+        """Seconds spent waiting for a batch, copying it, in SGD and publishing since the last call;
+        on a GPU also the SGD's own GPU time ("sgd_gpu"), from CUDA events that publish's wait has passed."""
+        stages, self.stage_s = self.stage_s, dict.fromkeys(self.stage_s, 0.0)
+        if self.sgd_events is not None:
+            stages["sgd_gpu"] = self.sgd_events[0].elapsed_time(self.sgd_events[1]) / 1000.0
+        return stages
 
     def train_loop(self, process_index: int, parent: int):
         while True:
@@ -2474,10 +2603,14 @@ class Learner:
             stop = self.shared.run.should_stop() or not parent_alive(parent)
             batch = None
             if not stop:
+                waiting = time.perf_counter()
+                copied_before = self.stage_s["copy"]
                 try:
                     batch = self.next_batch(timeout=0.5)
                 except queue.Empty:
                     continue
+                finally:  # the batcher copies while the learner waits: that part counts as copying
+                    self.stage_s["wait"] += time.perf_counter() - waiting - (self.stage_s["copy"] - copied_before)
             if distributed():  # every rank steps, or every rank stops (and the runners with them)
                 stop, frames = exchange_progress(stop, int(self.shared.run.worker_frames.sum()))
                 self.shared.run.all_ranks_frames[0] = frames
@@ -2549,7 +2682,13 @@ class Stats:
         self.learner = [{} for _ in range(num_policies)]
         self.busy_s = {"env": 0.0, "inference": 0.0, "learner": 0.0}  # summed over processes
         self.busy_s_by_process = Counter()  # heartbeat index -> seconds: which processes did work
+        # (kind, stage) -> seconds: where a kind's time goes, e.g. ("learner", "sgd"), ("inference", "forward")
+        self.stage_s = Counter()
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), time.monotonic()
+        self.stage_s_at_last_report = Counter()
+        # the last report's shares of each kind's time, busy and per stage (TensorBoard writes them too)
+        self.busy_shares: dict[str, float] = {}
+        self.stage_shares: dict[tuple[str, str], float] = {}
         self.num_episodes = 0
         self.env_faults, self.restarts, self.skipped_steps = 0, 0, 0
 
@@ -2561,15 +2700,21 @@ class Stats:
             self.episode_objectives[message["policy_id"]].append(message["true_objective"])
             self.separate_objective |= message["true_objective"] != message["true_return"]
             self.num_episodes += 1
-        elif kind == "learner":
-            self.learner[message["policy_id"]] = message
+        elif kind == "learner":  # the loss statistics come only every LEARNER_STATS_EVERY_S: keep the last
+            self.add_stages("learner", message.pop("stages", {}))
+            self.learner[message["policy_id"]].update(message)
             self.busy_s["learner"] += message["train_s"]
         elif kind == "env_fault":
             self.env_faults += 1
         elif kind == "timing":
             self.busy_s[message["component"]] += message["busy_s"]
+            self.add_stages(message["component"], message.get("stages", {}))
             if "process" in message:  # serial mode's one process sends none
                 self.busy_s_by_process[message["process"]] += message["busy_s"]
+
+    def add_stages(self, kind: str, stages: dict[str, float]):
+        for stage, seconds in stages.items():
+            self.stage_s[kind, stage] += seconds
 
     def fps(self, window: float) -> float:
         """Env frames collected per second over the last `window` seconds."""
@@ -2604,7 +2749,11 @@ class Stats:
         # Capped; over many intervals the shares are unchanged.
         fractions = {kind: min(1.0, (self.busy_s[kind] - self.busy_s_at_last_report[kind]) / (interval * processes[kind]))
                      for kind in self.busy_s}
-        self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), now
+        stages = {(kind, stage): min(1.0, (seconds - self.stage_s_at_last_report[kind, stage]) / (interval * processes[kind]))
+                  for (kind, stage), seconds in self.stage_s.items()}
+        self.busy_s_at_last_report, self.stage_s_at_last_report, self.last_report_time = \
+            dict(self.busy_s), Counter(self.stage_s), now
+        self.busy_shares, self.stage_shares = fractions, stages
         return fractions
 
 
@@ -2796,6 +2945,8 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     busy = stats.busy_fractions(cfg)
     if any(busy.values()):
         parts.append("busy " + " ".join(f"{kind} {fraction:.0%}" for kind, fraction in busy.items()))
+    if any(stats.stage_shares.values()):
+        parts += stage_parts(stats.stage_shares)
     skipped = sum(learner.get("skipped_steps", 0) for learner in stats.learner)
     if stats.env_faults or stats.restarts or skipped:
         parts.append(f"faults: env {stats.env_faults} restarts {stats.restarts} skipped steps {skipped}")
@@ -2803,6 +2954,14 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     if budget:
         parts.append(budget)
     return " | ".join(parts)
+
+
+def stage_parts(stage_shares: dict[tuple[str, str], float]) -> list[str]:
+    """Where each kind of process's time went, e.g. "learner wait 20% copy 3% sgd 70% publish 5%":
+    the stage that fills a busy process is the one to make cheaper."""
+    kinds = dict.fromkeys(kind for kind, _ in stage_shares)
+    return [f"{kind} " + " ".join(f"{stage} {share:.0%}" for (of, stage), share in stage_shares.items() if of == kind)
+            for kind in kinds]
 
 
 def policy_parts(cfg, stats: Stats, shared: Shared, policy_id: int) -> list[str]:
@@ -2943,7 +3102,9 @@ class Summaries:
         if self.writer is None:
             return
         frames = frames_collected(cfg, shared)
-        scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts}
+        scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts,
+                   **{f"perf/busy_{kind}": share for kind, share in stats.busy_shares.items()},
+                   **{f"perf/{kind}_{stage}": share for (kind, stage), share in stats.stage_shares.items()}}
         for policy_id in range(cfg.num_policies):
             if stats.episode_returns[policy_id]:
                 scalars[f"p{policy_id}/true_return"] = float(np.mean(stats.episode_returns[policy_id]))
@@ -3265,24 +3426,17 @@ def average_gradients(model: nn.Module):
         offset += grad.numel()
 
 
-def all_ranks_agree(flag: bool) -> bool:
-    """True only if `flag` is true on every rank (so that every rank makes the same decision)."""
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
-    return bool(value.item())
-
-
-def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Mean and variance of the union of every rank's batch, from each rank's (mean, var, n)."""
-    sums = torch.cat([torch.tensor([float(n)], dtype=torch.float64, device=mean.device),
-                      (mean.double() * n).reshape(-1), ((var.double() + mean.double() ** 2) * n).reshape(-1)])
+def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: int | torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
+    """Mean and variance of the union of every rank's batch, from each rank's (mean, var, n). The
+    count comes back as it came: an int, or a tensor that stays on the device (host_reads_stall)."""
+    count = torch.as_tensor(n, dtype=torch.float64, device=mean.device).reshape(1)
+    sums = torch.cat([count, (mean.double() * count).reshape(-1), ((var.double() + mean.double() ** 2) * count).reshape(-1)])
     torch.distributed.all_reduce(sums)
-    total = int(sums[0].item())
-    if total == 0:
-        return mean, var, 0
-    size = mean.numel()
-    all_mean = sums[1:1 + size] / total
-    all_var = (sums[1 + size:] / total - all_mean ** 2).clamp_(min=0.0)
+    total, size = sums[0], mean.numel()
+    all_mean = sums[1:1 + size] / total.clamp(min=1.0)
+    all_var = (sums[1 + size:] / total.clamp(min=1.0) - all_mean ** 2).clamp_(min=0.0)
+    total = total.to(mean.dtype) if torch.is_tensor(n) else int(total.item())
     return all_mean.view_as(mean).to(mean.dtype), all_var.view_as(var).to(var.dtype), total
 
 

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+import types
 import uuid
 
 import numpy as np
@@ -270,9 +271,9 @@ def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_pat
     seen = []
     real_loss = appo.appo_loss
 
-    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False):
+    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False, **kwargs):
         seen.append((minibatch["rnn_state"][0, :, 0].tolist(), minibatch["reward"].shape, update_statistics))
-        return real_loss(model, minibatch, policy_version, cfg, update_statistics)
+        return real_loss(model, minibatch, policy_version, cfg, update_statistics, **kwargs)
 
     monkeypatch.setattr(appo, "appo_loss", recording_loss)
     returns_count = float(learner.model.returns_normalizer.count)
@@ -299,9 +300,9 @@ def test_gae_targets_are_computed_once_per_batch_with_the_weights_before_its_fir
     seen = []
     real_loss = appo.appo_loss
 
-    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False):
+    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False, **kwargs):
         seen.append((minibatch["target"].clone(), minibatch["advantage"].clone()))
-        return real_loss(model, minibatch, policy_version, cfg, update_statistics)
+        return real_loss(model, minibatch, policy_version, cfg, update_statistics, **kwargs)
 
     monkeypatch.setattr(appo, "appo_loss", recording_loss)
     learner.sgd_step(batch)
@@ -656,7 +657,7 @@ def test_one_learner_step_changes_the_weights_and_every_parameter_gets_a_gradien
     optimizer.step()
     for name, parameter in model.named_parameters():
         assert not torch.equal(parameter, before[name]), name
-    assert stats["valid_fraction"] == 1.0 and np.isfinite(stats["loss"])
+    assert stats["valid_fraction"] == 1.0 and torch.isfinite(stats["loss"])
 
 
 @pytest.mark.parametrize("with_vtrace", [True, False])
@@ -674,10 +675,121 @@ def test_the_critic_learns_the_value_of_its_observations(with_vtrace):
         batch = fake_batch(vector, actions, cfg, 6, 16)
         batch["reward"] = 2.0 * batch["obs"][..., 0] + 1.0
         for _ in range(60):
-            stats, _, finite = appo.sgd_update(model, optimizer, batch, 0, cfg)
-            assert finite
+            stats, skipped = appo.sgd_update(model, optimizer, batch, 0, cfg)
+            assert skipped == 0
         explained[value_loss_coeff] = stats["explained_variance"]
     assert explained[0.5] > 0.9 and explained[0.0] < 0.5, explained
+
+
+HOST_READS = ["item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "nonzero"]
+
+
+def record_host_reads(monkeypatch) -> list[str]:
+    """Every read of a tensor's value on the host (on a GPU each waits for every queued kernel):
+    the methods that read one, boolean indexing (its size is read), and publish's wait for its copies."""
+    reads = []
+
+    def counting(name, original):
+        def read(self, *args, **kwargs):
+            reads.append(name)
+            return original(self, *args, **kwargs)
+        return read
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
+    original_getitem = torch.Tensor.__getitem__
+
+    def getitem(self, index):
+        indices = index if isinstance(index, tuple) else (index,)
+        if any(torch.is_tensor(i) and i.dtype == torch.bool for i in indices):
+            reads.append("boolean index")
+        return original_getitem(self, index)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
+    monkeypatch.setattr(appo, "wait_for_copies", counting("publish", lambda tensor: None))
+    return reads
+
+
+def learner_with_weights(cfg) -> appo.Learner:
+    weights = appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))
+    run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
+    shared = types.SimpleNamespace(weights=[weights], run=run, hyperparams=appo.PolicyHyperparams(cfg, None))
+    return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+
+
+@pytest.mark.parametrize("with_vtrace", [True, False])
+def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tmp_path, monkeypatch, with_vtrace):
+    """gpu-analysis: a learner step on the H200 waited for the GPU about 20 times (statistics'
+    .item(), the finite check, the return normaliser's boolean index, publish). Where reads stall
+    (a GPU: here forced on the CPU, whose fused Adam takes the same found_inf), a step of four SGD
+    steps reads once, to publish; a step whose report is due reads its statistics once more."""
+    monkeypatch.setattr(appo, "host_reads_stall", lambda device: True)
+    cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=with_vtrace, num_epochs=2, num_batches_per_epoch=2,
+                    normalize_returns=True, normalize_input=True)
+    learner = learner_with_weights(cfg)
+    assert learner.optimizer.defaults["fused"]
+    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    reads = record_host_reads(monkeypatch)
+    assert learner.train_step(batch, report=False) == {}
+    assert reads == ["publish"]
+    reads.clear()
+    stats = learner.train_step(batch, report=True)
+    assert reads == ["tolist", "publish"]
+    assert isinstance(stats["loss"], float) and stats["skipped_steps"] == 0 and learner.policy_version == 2
+
+
+@pytest.mark.parametrize("reads_stall", [True, False])
+def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path, monkeypatch, reads_stall):
+    """On both paths: the host's check (CPU) and fused Adam's found_inf on the device (GPU)."""
+    monkeypatch.setattr(appo, "host_reads_stall", lambda device: reads_stall)
+    cfg = small_cfg(train_dir=str(tmp_path))
+    learner = learner_with_weights(cfg)
+    good = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    learner.sgd_step(good)
+    weights = {name: value.clone() for name, value in learner.model.named_parameters()}
+    adam = copy.deepcopy(learner.optimizer.state_dict()["state"])
+    bad = dict(good, reward=torch.full_like(good["reward"], float("inf")))
+    stats = learner.sgd_step(bad)
+    assert stats["skipped_steps"] == 1 and not np.isfinite(stats["loss"])
+    for name, value in learner.model.named_parameters():
+        assert torch.equal(value, weights[name]), name
+    for index, moments in learner.optimizer.state_dict()["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(value, adam[index][key]), (index, key)
+    assert learner.sgd_step(good)["skipped_steps"] == 1  # a finite step trains again
+
+
+def test_too_many_nonfinite_steps_in_a_row_stop_the_learner_when_its_report_is_due(tmp_path):
+    cfg = small_cfg(train_dir=str(tmp_path))
+    learner = learner_with_weights(cfg)
+    bad = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    bad["reward"][:] = float("nan")
+    for _ in range(appo.MAX_NONFINITE_STEPS - 1):
+        assert learner.sgd_step(bad, report=False) == {}  # not read back: no report is due
+    with pytest.raises(appo.NonFiniteLoss, match=f"{appo.MAX_NONFINITE_STEPS} steps in a row had a non-finite loss"):
+        learner.sgd_step(bad, report=True)
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_the_normalisers_device_path_weighs_the_rows_the_host_path_selects(shape):
+    """host_reads_stall: the same statistics from rows weighed by the mask as from rows selected by
+    it, a NaN in a row left out ignored, one in a counted row leaving the batch out whole."""
+    torch.manual_seed(0)
+    batch, rows = torch.randn(40, *shape) * 3 + 1, (torch.rand(40) < 0.6).float()
+    batch[rows == 0] = float("nan")  # left out: must not matter
+    host, device = appo.RunningNormalizer(shape), appo.RunningNormalizer(shape)
+    host.update(batch[rows > 0])
+    mean, var, n = device.weighted_moments(batch, rows)
+    device.merge(mean, var, n)
+    assert n.item() == rows.sum().item()
+    for name in ("mean", "var", "count"):
+        torch.testing.assert_close(getattr(device, name), getattr(host, name))
+    poisoned = batch.clone()
+    poisoned[int(rows.nonzero()[0])] = float("nan")
+    before = {name: getattr(device, name).clone() for name in ("mean", "var", "count")}
+    device.merge(*device.weighted_moments(poisoned, rows))
+    for name, value in before.items():
+        assert torch.equal(getattr(device, name), value), name
 
 
 def test_transitions_older_than_max_policy_lag_are_masked_out():
@@ -1101,6 +1213,25 @@ def test_busy_fractions_never_read_above_one():
     stats.consume({"type": "timing", "component": "env", "busy_s": 0.5})
     fractions = stats.busy_fractions(cfg)
     assert fractions["inference"] == 1.0 and 0.2 < fractions["env"] < 0.3  # 0.5 s of 2 workers' second
+
+
+def test_the_status_line_shows_where_the_learners_time_went_and_keeps_its_last_statistics():
+    """Item 1 of issue 50: a user sees which stage of a busy learner binds. The learner sends its
+    loss statistics only about once a second: a step without them keeps the last ones."""
+    cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2"])
+    stats = appo.Stats(1)
+    stats.last_report_time = time.monotonic() - 2.0  # an interval of about two seconds
+    stats.consume({"type": "learner", "policy_id": 0, "train_s": 1.6, "policy_version": 7, "lag_min": 0.0,
+                   "lag_avg": 1.5, "lag_max": 3.0, "loss": 0.25,
+                   "stages": {"wait": 0.4, "copy": 0.1, "sgd": 1.2, "publish": 0.2}})
+    stats.consume({"type": "learner", "policy_id": 0, "train_s": 0.1, "policy_version": 8, "stages": {"sgd": 0.1}})
+    assert stats.learner[0]["policy_version"] == 8 and stats.learner[0]["loss"] == 0.25
+    shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([100, 100]),
+                                                             learner_frames=np.array([200])))
+    line = appo.status_line(cfg, stats, shared, elapsed=2.0)
+    assert "lag 0/1.5/3" in line
+    assert re.search(r"learner wait 2\d% copy 5% sgd 6\d% publish 10%", line), line
+    assert stats.stage_shares["learner", "sgd"] == pytest.approx(1.3 / 2.0, abs=0.05)
 
 
 def status_line_of(num_policies: int, objective_is_return: bool = True) -> str:

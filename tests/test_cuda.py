@@ -8,6 +8,7 @@ the GPU's place: that checks the tests' own logic, not CUDA.
 """
 import os
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -142,6 +143,7 @@ def test_pinned_non_blocking_batches_arrive_intact_though_the_slots_are_reused_a
             else:
                 tensor.copy_(torch.randn(tensor.shape, generator=generator))
         expected = {name: value.clone() for name, value in slots.gather(taken).items()}
+        expected["rnn_state"] = expected["rnn_state"][[0, -1]]  # the learner reads only the first and the last
         batch = learner.take_batch(taken)  # copies are queued, maybe not done when it returns
         for tensor in slots.tensors.values():  # the rollout workers refill the freed slots at once
             tensor.zero_()
@@ -210,6 +212,34 @@ def test_bfloat16_autocast_on_the_gpu_computes_the_encoder_in_bf16_and_keeps_flo
             assert torch.isfinite(parameter.grad).all(), name
 
 
+@pytest.mark.skipif(ON_CPU, reason="torch's sync debug mode needs CUDA")
+def test_a_learner_step_on_the_gpu_waits_for_it_at_most_once_when_no_report_is_due(tmp_path):
+    """gpu-analysis: about 20 host synchronisations a step on the H200 (.item() statistics, the
+    finite check, the normaliser's boolean index). torch's sync debug mode warns at each implicit one."""
+    cfg = gpu_cfg(tmp_path, num_epochs=2, num_batches_per_epoch=2, batch_size=16)  # 2 x 2 SGD steps on 2 x 8
+    slots_per_batch = cfg.batch_size // cfg.rollout
+    specs = appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    slots = appo.RolloutSlots(specs, num_slots=2 * slots_per_batch, rollout=cfg.rollout, num_workers=1, num_splits=1)
+    weights = appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg), device=CUDA)
+    run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
+    shared = types.SimpleNamespace(slots=slots, weights=[weights], run=run, hyperparams=appo.PolicyHyperparams(cfg, None))
+    learner = appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+    assert learner.optimizer.defaults["fused"]
+    slots.tensors["log_prob"].fill_(-2.0)
+    slots.tensors["valid"].fill_(1.0)
+    batch = learner.take_batch([slots.control.acquire(0, timeout=1.0) for _ in range(slots_per_batch)])
+    learner.train_step(batch, report=True)  # the first: cuDNN's tuning and the allocator's growth
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert learner.train_step(batch, report=False) == {}
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(warning.message) for warning in caught if "synchroniz" in str(warning.message)]
+    assert len(syncs) <= 1, syncs
+
+
 # ---------------------------------------------------------------------------------------------
 # Checkpoints move between GPU and CPU
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +249,7 @@ def trained_learner(cfg) -> appo.Learner:
     torch.manual_seed(5)
     obs = random_obs(8, seed=4, device=learner.device)
     logits, values, _ = learner.model(obs, torch.zeros(8, appo.rnn_state_size(cfg), device=learner.device))
-    appo.optimizer_step(learner.model, learner.optimizer, logits.square().mean() + values.square().mean(), {}, cfg)
+    appo.optimizer_step(learner.model, learner.optimizer, logits.square().mean() + values.square().mean(), cfg)
     learner.policy_version, learner.env_frames = 3, 1234
     return learner
 
@@ -238,7 +268,8 @@ def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_pa
     obs = random_obs(8, seed=6, device=resumed.device)
     logits, values, _ = resumed.model(obs, torch.zeros(8, appo.rnn_state_size(resumed.cfg), device=resumed.device))
     loss = logits.square().mean() + values.square().mean()
-    assert appo.optimizer_step(resumed.model, resumed.optimizer, loss, {}, resumed.cfg)  # a step on the new device
+    _, skipped = appo.optimizer_step(resumed.model, resumed.optimizer, loss, resumed.cfg)
+    assert skipped.item() == 0  # a step on the new device
 
 
 def test_evaluation_on_the_gpu_plays_a_checkpoint_trained_on_the_cpu(tmp_path, capsys):
