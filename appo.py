@@ -2686,6 +2686,9 @@ class Stats:
         self.stage_s = Counter()
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), time.monotonic()
         self.stage_s_at_last_report = Counter()
+        self.acted = Counter()  # policy workers' "samples" and "batches": their mean batch
+        self.acted_at_last_report = Counter()
+        self.mean_batch: float | None = None  # the policy workers' mean batch since the last report
         # the last report's shares of each kind's time, busy and per stage (TensorBoard writes them too)
         self.busy_shares: dict[str, float] = {}
         self.stage_shares: dict[tuple[str, str], float] = {}
@@ -2709,6 +2712,7 @@ class Stats:
         elif kind == "timing":
             self.busy_s[message["component"]] += message["busy_s"]
             self.add_stages(message["component"], message.get("stages", {}))
+            self.acted.update(message.get("acted", {}))
             if "process" in message:  # serial mode's one process sends none
                 self.busy_s_by_process[message["process"]] += message["busy_s"]
 
@@ -2754,6 +2758,9 @@ class Stats:
         self.busy_s_at_last_report, self.stage_s_at_last_report, self.last_report_time = \
             dict(self.busy_s), Counter(self.stage_s), now
         self.busy_shares, self.stage_shares = fractions, stages
+        acted = self.acted - self.acted_at_last_report
+        self.mean_batch = acted["samples"] / acted["batches"] if acted["batches"] else None
+        self.acted_at_last_report = Counter(self.acted)
         return fractions
 
 
@@ -2946,7 +2953,7 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     if any(busy.values()):
         parts.append("busy " + " ".join(f"{kind} {fraction:.0%}" for kind, fraction in busy.items()))
     if any(stats.stage_shares.values()):
-        parts += stage_parts(stats.stage_shares)
+        parts += stage_parts(stats.stage_shares, stats.mean_batch)
     skipped = sum(learner.get("skipped_steps", 0) for learner in stats.learner)
     if stats.env_faults or stats.restarts or skipped:
         parts.append(f"faults: env {stats.env_faults} restarts {stats.restarts} skipped steps {skipped}")
@@ -2956,12 +2963,15 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     return " | ".join(parts)
 
 
-def stage_parts(stage_shares: dict[tuple[str, str], float]) -> list[str]:
-    """Where each kind of process's time went, e.g. "learner wait 20% copy 3% sgd 70% publish 5%":
-    the stage that fills a busy process is the one to make cheaper."""
-    kinds = dict.fromkeys(kind for kind, _ in stage_shares)
-    return [f"{kind} " + " ".join(f"{stage} {share:.0%}" for (of, stage), share in stage_shares.items() if of == kind)
-            for kind in kinds]
+def stage_parts(stage_shares: dict[tuple[str, str], float], mean_batch: float | None = None) -> list[str]:
+    """Where each kind of process's time went, e.g. "learner wait 20% copy 3% sgd 70% publish 5%",
+    and the policy workers' mean batch: the stage that fills a busy process is the one to make cheaper."""
+    parts = []
+    for kind in dict.fromkeys(kind for kind, _ in stage_shares):
+        batch = f"batch {mean_batch:.0f} " if kind == "inference" and mean_batch is not None else ""
+        parts.append(f"{kind} {batch}" + " ".join(f"{stage} {share:.0%}" for (of, stage), share in stage_shares.items()
+                                                  if of == kind))
+    return parts
 
 
 def policy_parts(cfg, stats: Stats, shared: Shared, policy_id: int) -> list[str]:
@@ -3105,6 +3115,8 @@ class Summaries:
         scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts,
                    **{f"perf/busy_{kind}": share for kind, share in stats.busy_shares.items()},
                    **{f"perf/{kind}_{stage}": share for (kind, stage), share in stats.stage_shares.items()}}
+        if stats.mean_batch is not None:
+            scalars["perf/inference_batch"] = stats.mean_batch
         for policy_id in range(cfg.num_policies):
             if stats.episode_returns[policy_id]:
                 scalars[f"p{policy_id}/true_return"] = float(np.mean(stats.episode_returns[policy_id]))
