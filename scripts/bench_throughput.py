@@ -96,8 +96,8 @@ def parse_args():
                         help="the pure_episodes leg's episode length in env frames (frameskip included, as "
                              "`appo.py --mode eval` prints a trained agent's mean length); needed by that leg")
     parser.add_argument("--policy_workers_per_policy", type=int, default=None,
-                        help="policy workers for ours (--policy_workers_per_policy) and Sample Factory "
-                             "(--num_policy_workers); default: appo.py's default, given to both")
+                        help="policy workers per policy, for ours and Sample Factory alike; default: appo.py's "
+                             "default, given to both")
     parser.add_argument("--inference_batch", type=int, default=None,
                         help="the gpu_time leg's forward-pass batch; default: the ours leg's mean inference "
                              "batch from the same run, if its status line gives one")
@@ -361,7 +361,8 @@ OURS_BATCH = re.compile(r"\binference batch (\d+)")  # the policy workers' mean 
 
 
 def ours_only_flags(args) -> list[str]:
-    """The bench's flags that only appo.py takes under this name (Sample Factory's differs)."""
+    """The bench's flags for appo.py beyond the shared configuration; Sample Factory gets ours'
+    resolved values instead (same_resources_for_sample_factory), so that appo.py's defaults reach it."""
     workers = getattr(args, "policy_workers_per_policy", None)  # scripts/cpu_accounting.py's args have none
     return ["--policy_workers_per_policy", str(workers)] if workers else []
 
@@ -429,9 +430,9 @@ def ours_resolved(args, flags: list[str]):
 
 def same_resources_for_sample_factory(args, flags: list[str]) -> list[str]:
     """Sample Factory's flags for the processes and device appo.py uses: as many policy workers
-    (its --num_policy_workers; both trainers default to one) and the GPU where ours runs on cuda."""
+    (2.1.1 names the flag as appo.py does) and the GPU where ours runs on cuda."""
     ours = ours_resolved(args, flags)
-    return ["--num_policy_workers", str(ours.policy_workers_per_policy),
+    return ["--policy_workers_per_policy", str(ours.policy_workers_per_policy),
             "--device", "gpu" if ours.device.startswith("cuda") else "cpu"]
 
 
@@ -498,7 +499,7 @@ def median_or_none(values):
     return statistics.median(values) if values else None
 
 
-GPU_TIME_SECONDS = 10.0  # the gpu_time leg's timing needs no longer than this; the trainers' legs do
+GPU_TIME_SECONDS = 6.0  # the gpu_time leg's timing needs no longer than this; the trainers' legs do
 
 
 def gpu_time_batch(args, ours_runs: list[dict]) -> tuple[int | None, str]:
