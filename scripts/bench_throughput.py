@@ -5,23 +5,32 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
 
   pure sim   the same number of processes stepping the same envs with random actions and no
              model: the most frames per second the envs can give here
-  ceiling    an upper bound: the cost per sample of an env step, a forward pass at the policy
-             worker's precision and largest batch (every actor at once), and the learner's
-             forward+backward, each timed on one core, combined into the FPS that all the cores
-             could deliver if no process ever waited (with `-- --device cuda` the model's share
-             is timed on the GPU, and the ceiling is the lower of the cores' and the GPU's rates)
+  pure_episodes  the same, but every episode is cut after --pure_episode_frames env frames (a
+             trained agent's mean episode length, from `appo.py --mode eval`): an agent that
+             learns ends its episodes far sooner than random play, and resets are dear, so this
+             is the envs' limit for a trained run
+  gpu_time   the model's two jobs timed apart, in this process, with no env: a forward pass at
+             the policy worker's precision at the batch it really forms (the ours leg's mean
+             inference batch when its status line gives one, else --inference_batch), and one
+             learner train_step (scripts/bench_learner.py); wall-clock ms and, on a GPU, CUDA
+             event ms and kernel ms, each reported on its own: they run in different processes
+             and streams, so neither their sum nor their minimum bounds the trainer (on the CPU,
+             wall clock on one thread only)
   ours       appo.py's steady training FPS with its defaults (a bfloat16 encoder where the
-             hardware has it), with how busy each kind of process was and the policy lag
+             hardware has it), with how busy each kind of process was, the policy lag and, where
+             its status line gives it, the policy workers' mean batch
   ours_fp32  the same with --encoder_dtype float32: Sample Factory's precision
-  sf         Sample Factory 2.1.1 with the same configuration and the same SGD work per batch
-             (epochs, minibatches), asynchronous like ours, from its own log (needs --sf_python;
-             scripts/setup_sample_factory.sh makes that interpreter)
+  sf         Sample Factory 2.1.1 with the same configuration, the same SGD work per batch
+             (epochs, minibatches), collection mode, policy workers and device (`--device gpu`
+             where ours runs on cuda), from its own log (needs --sf_python;
+             scripts/setup_sample_factory.sh makes that interpreter, scripts/gpu_check.py a
+             wrapper on a GPU machine)
 
 Both trainers are measured alike: FPS is env frames *trained* per second (frameskip included;
 what Sample Factory's "Fps is" line counts), the frames trained between the first report after
 --warmup seconds (counted from the trainer's first report of trained frames) and the last report
 before it is stopped, over the seconds between them; neither writes
-checkpoints during the run. The table gives ours/pure sim, ours/ceiling, ours/SF and
+checkpoints during the run. The table gives ours/pure sim, ours/pure episodes, ours/SF and
 ours_fp32/SF (like for like). `--json` prints
 the same figures as JSON; `--sweep 2,4,8` repeats everything for several envs per worker and
 `--plot` draws FPS against the number of envs (the paper's Figure 3). Every leg runs for
@@ -55,8 +64,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import appo  # noqa: E402
 import env as envs  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_learner  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LEGS = ["pure", "ceiling", "ours", "ours_fp32", "sf"]
+LEGS = ["pure", "pure_episodes", "gpu_time", "ours", "ours_fp32", "sf"]
+RENAMED_LEGS = {"ceiling": "gpu_time"}  # it bounded nothing: the model's stages run in different processes
 NO_CHECKPOINTS = ["--save_every_sec", "100000"]  # both trainers: no checkpoint during a measurement
 
 
@@ -76,8 +89,18 @@ def parse_args():
     parser.add_argument("--report_every", type=float, default=10.0,
                         help="appo.py's status interval, the grain of its measurement (Sample Factory reports "
                              "every 10 s); shorter only to make a short leg finish sooner")
-    parser.add_argument("--legs", default="pure,ceiling,ours,ours_fp32,sf",
-                        help="comma-separated legs to run, from: " + ",".join(LEGS))
+    parser.add_argument("--legs", default="pure,gpu_time,ours,ours_fp32,sf",
+                        help="comma-separated legs to run, from: " + ",".join(LEGS) + " (gpu_time runs after ours, "
+                             "whose mean inference batch it uses)")
+    parser.add_argument("--pure_episode_frames", type=int, default=None,
+                        help="the pure_episodes leg's episode length in env frames (frameskip included, as "
+                             "`appo.py --mode eval` prints a trained agent's mean length); needed by that leg")
+    parser.add_argument("--policy_workers_per_policy", type=int, default=None,
+                        help="policy workers per policy, for ours and Sample Factory alike; default: appo.py's "
+                             "default, given to both")
+    parser.add_argument("--inference_batch", type=int, default=None,
+                        help="the gpu_time leg's forward-pass batch; default: the ours leg's mean inference "
+                             "batch from the same run, if its status line gives one")
     parser.add_argument("--sf_python", default=None,
                         help="interpreter of a Sample Factory 2.1.1 environment; without it the sf leg is skipped")
     parser.add_argument("--sweep", default=None,
@@ -91,12 +114,20 @@ def parse_args():
                         help="run nothing: print the table of a result file from --out; of several, one row "
                              "each (its env, appo.py flags after --, and each leg's median and runs)")
     parser.add_argument("trainer_flags", nargs="*",
-                        help="after --: more appo.py flags for our trainer (model flags apply to the ceiling too)")
+                        help="after --: more appo.py flags for our trainer (model flags apply to the gpu_time leg too)")
     args = parser.parse_args()
     legs = args.legs.split(",")
+    for old, new in RENAMED_LEGS.items():
+        if old in legs:
+            print(f"note: the {old} leg is now {new}: the model's stages timed apart, not one bound", file=sys.stderr)
+            legs = [new if leg == old else leg for leg in legs]
     unknown = [leg for leg in legs if leg not in LEGS]
     if unknown:
         parser.error(f"--legs: unknown leg(s) {unknown}; choose from {LEGS}")
+    if "gpu_time" in legs and "ours" in legs:  # after ours: it times the batch ours formed
+        legs = [leg for leg in legs if leg != "gpu_time"] + ["gpu_time"]
+    if "pure_episodes" in legs and not args.pure_episode_frames:
+        parser.error("--legs pure_episodes needs --pure_episode_frames (a trained agent's mean episode length)")
     if "sf" in legs and args.sf_python is None:
         legs.remove("sf")
     elif args.sf_python and not os.access(args.sf_python, os.X_OK):
@@ -120,19 +151,27 @@ def trainer_config(args, envs_per_worker: int) -> list[str]:
 # Pure simulation: worker processes stepping envs with random actions
 # ---------------------------------------------------------------------------------------------
 
-def step_randomly(env, num_agents: int):
-    """One step with random actions for every agent; a new episode when all are done."""
+def step_randomly(env, num_agents: int, cut: bool = False) -> bool:
+    """One step with random actions for every agent; a new episode when all are done, or when
+    `cut` (the episode reached the length it is cut at). Returns whether a new episode began."""
     actions = env.action_space.sample() if num_agents == 1 else [env.action_space.sample() for _ in range(num_agents)]
     _, _, terminated, truncated, _ = env.step(actions)
     if isinstance(terminated, (list, tuple)):  # a multi-agent env with a flag per agent
         done = all(t or u for t, u in zip(terminated, truncated))
     else:
         done = terminated or truncated
-    if done:
+    if done or cut:
         env.reset()
+    return bool(done or cut)
 
 
-def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go, results):
+def episode_steps(episode_frames: int | None, frameskip: int) -> int | None:
+    """Env steps of an episode `episode_frames` env frames long (at least one); None: uncut."""
+    return None if not episode_frames else max(1, round(episode_frames / frameskip))
+
+
+def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go, results,
+                    episode_frames: int | None = None):
     appo.child_process_setup("pure-sim", owns_envs=True)
     parent = os.getppid()
     cfg = appo.parse_args(flags)
@@ -149,10 +188,14 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go,
         while not go.wait(timeout=0.5):
             if not appo.parent_alive(parent):
                 return
+        cut_at = episode_steps(episode_frames, cfg.env_frameskip)
+        steps_in_episode = [0] * len(env_list)
         agent_steps, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            for env, num_agents in zip(env_list, agents):
-                step_randomly(env, num_agents)
+            for i, (env, num_agents) in enumerate(zip(env_list, agents)):
+                steps_in_episode[i] += 1
+                if step_randomly(env, num_agents, cut=cut_at is not None and steps_in_episode[i] >= cut_at):
+                    steps_in_episode[i] = 0
                 agent_steps += num_agents  # frames of every agent, as the trainers count them
         results.put(agent_steps * cfg.env_frameskip / (time.perf_counter() - start))
     finally:
@@ -160,10 +203,13 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go,
             env.close()
 
 
-def measure_pure_sim(flags: list[str], num_workers: int, seconds: float) -> float:
+def measure_pure_sim(flags: list[str], num_workers: int, seconds: float, episode_frames: int | None = None) -> float:
+    """Frames per second of num_workers processes stepping their envs with random actions; with
+    episode_frames, every episode cut at that length (the pure_episodes leg)."""
     context = multiprocessing.get_context("spawn")
     ready, go, results = context.Queue(), context.Event(), context.Queue()
-    workers = [context.Process(target=pure_sim_worker, args=(flags, worker_id, seconds, ready, go, results))
+    workers = [context.Process(target=pure_sim_worker,
+                               args=(flags, worker_id, seconds, ready, go, results, episode_frames))
                for worker_id in range(num_workers)]
     for worker in workers:
         worker.start()
@@ -181,106 +227,55 @@ def measure_pure_sim(flags: list[str], num_workers: int, seconds: float) -> floa
 
 
 # ---------------------------------------------------------------------------------------------
-# Compute ceiling: one core's cost per sample of each stage
+# GPU time: the model's forward pass and the learner's step, each timed on its own
 # ---------------------------------------------------------------------------------------------
 
-def random_batch(model: appo.ActorCritic, spaces_pair, cfg) -> dict[str, torch.Tensor]:
-    """A learner batch [T+1, B, ...] of random data with the shapes, dtypes and memory layout of
-    the real one (time-first views of trajectory-major memory, as RolloutSlots.gather gives)."""
+def random_obs(model: appo.ActorCritic, spaces_pair, cfg, batch: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """A policy worker's input of `batch` actors: random observations of the env's shapes and dtypes."""
     specs = appo.rollout_buffer_specs(*spaces_pair, cfg)
-    shape = (cfg.rollout + 1, appo.trajectories_per_batch(cfg))
-    batch = {name: torch.zeros(shape[::-1] + field_shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
-             .transpose(0, 1) for name, (field_shape, dtype) in specs.items()}
+    obs = {}
     for key in model.encoders:
-        batch[key].copy_(torch.randint(0, 256, batch[key].shape))
-    for head, size in enumerate(model.action_dist.head_sizes):  # the bench runs discrete envs
-        batch["actions"][..., head] = torch.randint(0, size, shape)
-    batch["log_prob"][:] = -1.0
-    batch["done"][:] = (torch.rand(shape) < 0.01).float()
-    batch["valid"][:] = 1.0
-    return batch
+        shape, dtype = specs[key]
+        if np.dtype(dtype) == np.uint8:
+            obs[key] = torch.randint(0, 256, (batch, *shape), dtype=torch.uint8)
+        else:
+            obs[key] = torch.randn(batch, *shape).to(torch.from_numpy(np.zeros(0, dtype)).dtype)
+    return {key: value.to(device) for key, value in obs.items()}
 
 
-def seconds_per_call(function, min_seconds: float, min_calls: int = 3, device: torch.device | None = None) -> float:
-    """Wall-clock seconds per call of `function`; on a GPU each call's kernels are waited for."""
-    def call():
-        function()
-        if device is not None and device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    call()  # warm-up: first calls allocate (and on a GPU load kernels)
-    calls, start = 0, time.perf_counter()
-    while calls < min_calls or time.perf_counter() - start < min_seconds:
-        call()
-        calls += 1
-    return (time.perf_counter() - start) / calls
-
-
-def measure_env_step(flags: list[str], seconds: float) -> tuple[float, int]:
-    """Seconds per env step on one core (the env's own processes included), and agents per env."""
+def measure_gpu_time(flags: list[str], seconds: float, inference_batch: int | None, batch_source: str) -> dict:
+    """The forward pass at the policy worker's batch and the learner's train_step, each timed alone
+    in this process: wall-clock ms and, on a GPU, CUDA event ms (and the learner's kernel ms). On the
+    CPU on one thread: one core's cost. No figure here is an FPS: the stages run in different
+    processes and streams, beside envs, so neither a sum nor a minimum of them bounds training."""
     cfg = appo.parse_args(flags)
-    env_list = [envs.create_env(cfg.env, cfg, env_index=i) for i in range(cfg.num_envs_per_worker)]
-    try:
-        num_agents = envs.get_num_agents(env_list[0])
-        for env in env_list:
-            env.reset()
-
-        def step_all():
-            for env in env_list:
-                step_randomly(env, num_agents)
-
-        return seconds_per_call(step_all, seconds) / len(env_list), num_agents
-    finally:
-        for env in env_list:
-            env.close()
-
-
-def measure_ceiling(flags: list[str], seconds: float) -> dict:
-    """Frames per second if every core (and the GPU, with --device cuda) did nothing but useful
-    work for the trainer.
-
-    On the CPU every sample costs an env step, a forward pass and its share of the learner's
-    forward+backward, all paid by the cores. With --device cuda the model runs on the GPU: the
-    cores pay the env steps, the GPU pays the rest, and the ceiling is the lower of the two rates.
-    """
+    device = torch.device(cfg.device)
+    cuda = device.type == "cuda"
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if not cuda:
+        torch.set_num_threads(1)
     try:
-        cfg = appo.parse_args(flags)
-        device = torch.device(cfg.device)
-        env_s, num_agents = measure_env_step(flags, seconds / 3)
-        spaces_pair = appo.probe_env(cfg).spaces
-        # as the policy worker holds it, at the largest batch it can form (every actor asking at once)
+        probe = appo.probe_env(cfg)
+        spaces_pair, num_agents = probe.spaces, probe.num_agents
+        if inference_batch is None:  # one split of every worker asking at once
+            inference_batch = max(1, cfg.num_workers * cfg.num_envs_per_worker * num_agents // cfg.worker_num_splits)
+            batch_source = ("assumed: one split of every worker (no mean batch from the ours leg; "
+                            "give --inference_batch)")
         model = appo.ActorCritic(*spaces_pair, cfg).to(device).eval().keep_encoder_in_compute_dtype()
-        inference_batch = cfg.num_workers * cfg.num_envs_per_worker * num_agents
-        sample_batch = random_batch(model, spaces_pair, cfg)
-        obs = {key: sample_batch[key][0, :1].expand(inference_batch, *sample_batch[key].shape[2:]).contiguous()
-               .to(device) for key in model.encoders}
+        obs = random_obs(model, spaces_pair, cfg, inference_batch, device)
         rnn_state = torch.zeros(inference_batch, appo.rnn_state_size(cfg), device=device)
-        inference_s = seconds_per_call(lambda: appo.act(model, obs, rnn_state), seconds / 3, device=device)
-        inference_s /= inference_batch
-        # the layout take_batch gives the learner: a time-first view of trajectory-major memory
-        sample_batch = {key: value.transpose(0, 1).to(device).transpose(0, 1) for key, value in sample_batch.items()}
-        with tempfile.TemporaryDirectory() as train_dir:
-            cfg.train_dir = train_dir  # no checkpoint to resume
-            learner = appo.Learner(0, cfg, None, spaces_pair)
-            learner_s = seconds_per_call(lambda: learner.sgd_step(sample_batch), seconds / 3, device=device)
-            learner_s /= appo.samples_per_iteration(cfg)
+        for _ in range(3):  # warm-up: allocations, cuDNN's choices
+            appo.act(model, obs, rnn_state)
+        inference = bench_learner.time_calls(lambda: appo.act(model, obs, rnn_state), seconds / 2, 5, cuda)
+        learner = bench_learner.time_train_step(cfg, spaces_pair, probe.reward_shaping, seconds / 2)
     finally:
         torch.set_num_threads(threads)
-    cores = len(os.sched_getaffinity(0))
-    frames_per_env_step = cfg.env_frameskip * num_agents
-    model_s = num_agents * (inference_s + learner_s)  # per env step
-    if device.type == "cuda":
-        cpu_fps = cores / env_s * frames_per_env_step
-        gpu_fps = frames_per_env_step / model_s
-        fps = min(cpu_fps, gpu_fps)
-    else:
-        cpu_fps, gpu_fps = cores / (env_s + model_s) * frames_per_env_step, None
-        fps = cpu_fps
-    return {"fps": fps, "cores": cores, "device": str(device), "cpu_bound_fps": cpu_fps, "gpu_bound_fps": gpu_fps,
-            "env_ms_per_step": env_s * 1e3, "inference_ms_per_sample": inference_s * 1e3,
-            "learner_ms_per_sample": learner_s * 1e3}
+    return {"fps": None, "device": str(device), "threads": "default" if cuda else 1,
+            "inference_batch": inference_batch, "batch_source": batch_source,
+            "inference_wall_ms_per_batch": inference["wall_ms"], "inference_event_ms_per_batch": inference["event_ms"],
+            "inference_wall_us_per_sample": inference["wall_ms"] * 1e3 / inference_batch,
+            "learner_batch_size": cfg.batch_size, "learner_sgd_steps_per_train_step": cfg.num_epochs *
+            cfg.num_batches_per_epoch, **{f"learner_{key}": value for key, value in learner.items()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,12 +357,21 @@ def measured_fps(windows: list[float], points: list[tuple[float, int]]) -> dict:
 OURS_TRAINED = re.compile(r"trained ([\d,]+)")
 OURS_BUSY = re.compile(r"busy env (\d+)% inference (\d+)% learner (\d+)%")
 OURS_LAG = re.compile(r"lag \d+/([\d.]+)/\d+")
+OURS_BATCH = re.compile(r"\binference batch (\d+)")  # the policy workers' mean batch, where the status line has it
+
+
+def ours_only_flags(args) -> list[str]:
+    """The bench's flags for appo.py beyond the shared configuration; Sample Factory gets ours'
+    resolved values instead (same_resources_for_sample_factory), so that appo.py's defaults reach it."""
+    workers = getattr(args, "policy_workers_per_policy", None)  # scripts/cpu_accounting.py's args have none
+    return ["--policy_workers_per_policy", str(workers)] if workers else []
 
 
 def ours_command(args, flags: list[str], train_dir: str, report_every: float) -> list[str]:
     """appo.py with these flags and the bench's own (after --), in `train_dir`, never checkpointing."""
-    return [sys.executable, os.path.join(REPO, "appo.py"), *flags, *args.trainer_flags, "--train_dir", train_dir,
-            "--experiment", "bench", "--report_every_sec", str(report_every), *NO_CHECKPOINTS]
+    return [sys.executable, os.path.join(REPO, "appo.py"), *flags, *ours_only_flags(args), *args.trainer_flags,
+            "--train_dir", train_dir, "--experiment", "bench", "--report_every_sec", str(report_every),
+            *NO_CHECKPOINTS]
 
 
 def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> dict:
@@ -376,7 +380,7 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
     with tempfile.TemporaryDirectory() as train_dir:
         command = ours_command(args, [*flags, *extra_flags], train_dir, args.report_every)
         lines = run_logged_until(command, args.warmup + args.seconds + args.report_every, started=trained_frames_of_ours)
-    fps, busy, lags, points = [], [], [], []
+    fps, busy, lags, batches, points = [], [], [], [], []
     start = next((when for when, line in lines if trained_frames_of_ours(line)), None)
     for when, line in lines:
         frames = trained_frames_of_ours(line)
@@ -388,6 +392,8 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
                 busy.append([float(v) for v in OURS_BUSY.search(line).groups()])
             if OURS_LAG.search(line):
                 lags.append(float(OURS_LAG.search(line).group(1)))
+            if OURS_BATCH.search(line):
+                batches.append(int(OURS_BATCH.search(line).group(1)))
         points.append((when, frames))
     fps, points = fps[:-1], points[:-1]  # the last line is printed at shutdown, over a part-window
     result = measured_fps(fps, points)
@@ -396,6 +402,7 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
     if busy:
         result["busy_percent"] = dict(zip(["env", "inference", "learner"], np.median(busy, axis=0).tolist()))
     result["lag_avg"] = statistics.median(lags) if lags else None
+    result["inference_batch"] = statistics.median(batches) if batches else None
     return result
 
 
@@ -412,8 +419,21 @@ def sample_factory_command(args, flags: list[str], train_dir: str) -> list[str]:
     if family not in SF_MODULES:
         raise SystemExit(f"error: --sf_python: Sample Factory's launchers cover doom_* and atari_* only, not {args.env}")
     return [args.sf_python, "-m", SF_MODULES[family], *flags, *same_sgd_work_for_sample_factory(args, flags),
-            "--device", "cpu", "--train_dir", train_dir, "--experiment", "bench",
+            *same_resources_for_sample_factory(args, flags), "--train_dir", train_dir, "--experiment", "bench",
             "--train_for_env_steps", str(10**12), *NO_CHECKPOINTS]
+
+
+def ours_resolved(args, flags: list[str]):
+    """appo.py's configuration for these flags, the bench's own and those after --, defaults resolved."""
+    return appo.parse_args(flags + ours_only_flags(args) + args.trainer_flags)
+
+
+def same_resources_for_sample_factory(args, flags: list[str]) -> list[str]:
+    """Sample Factory's flags for the processes and device appo.py uses: as many policy workers
+    (2.1.1 names the flag as appo.py does) and the GPU where ours runs on cuda."""
+    ours = ours_resolved(args, flags)
+    return ["--policy_workers_per_policy", str(ours.policy_workers_per_policy),
+            "--device", "gpu" if ours.device.startswith("cuda") else "cpu"]
 
 
 def same_sgd_work_for_sample_factory(args, flags: list[str]) -> list[str]:
@@ -423,7 +443,7 @@ def same_sgd_work_for_sample_factory(args, flags: list[str]) -> list[str]:
     is the same on both sides: appo.py's resolved --async_rl (synchronous on Atari, as in Sample
     Factory's own Atari configuration; asynchronous on Doom). Given after the shared flags: Sample
     Factory's parser keeps the last value of a flag."""
-    ours = appo.parse_args(flags + args.trainer_flags)
+    ours = ours_resolved(args, flags)
     return ["--batch_size", str(ours.batch_size),
             "--num_batches_per_epoch", str(ours.num_batches_per_epoch), "--num_epochs", str(ours.num_epochs),
             "--async_rl", str(ours.async_rl)]
@@ -479,6 +499,20 @@ def median_or_none(values):
     return statistics.median(values) if values else None
 
 
+GPU_TIME_SECONDS = 6.0  # the gpu_time leg's timing needs no longer than this; the trainers' legs do
+
+
+def gpu_time_batch(args, ours_runs: list[dict]) -> tuple[int | None, str]:
+    """The gpu_time leg's forward-pass batch and where it came from: --inference_batch, else the
+    ours leg's mean batch in this run (None when neither: measure_gpu_time says what it assumed)."""
+    if args.inference_batch:
+        return args.inference_batch, "--inference_batch"
+    batches = [run["inference_batch"] for run in ours_runs if run.get("inference_batch")]
+    if batches:
+        return round(statistics.median(batches)), "the ours leg's mean inference batch"
+    return None, ""
+
+
 def measure_configuration(args, envs_per_worker: int) -> dict:
     flags = trainer_config(args, envs_per_worker)
     runs = {leg: [] for leg in args.legs}
@@ -488,8 +522,14 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
                   f"(run {repeat + 1} of {args.repeats})", file=sys.stderr, flush=True)
             if leg == "pure":
                 runs[leg].append({"fps": measure_pure_sim(flags, args.num_workers, args.seconds)})
-            elif leg == "ceiling":
-                runs[leg].append(measure_ceiling(flags + args.trainer_flags, args.seconds))
+            elif leg == "pure_episodes":
+                runs[leg].append({"fps": measure_pure_sim(flags, args.num_workers, args.seconds,
+                                                          args.pure_episode_frames),
+                                  "episode_frames": args.pure_episode_frames})
+            elif leg == "gpu_time":
+                batch, source = gpu_time_batch(args, runs.get("ours", []))
+                runs[leg].append(measure_gpu_time(flags + ours_only_flags(args) + args.trainer_flags,
+                                                  min(args.seconds, GPU_TIME_SECONDS), batch, source))
             elif leg == "ours":
                 runs[leg].append(measure_ours(args, flags))
             elif leg == "ours_fp32":
@@ -501,9 +541,10 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
                       "\n  ".join(runs[leg][-1]["log_tail"]), file=sys.stderr)
     fps = {leg: median_or_none([run["fps"] for run in runs.get(leg, [])]) for leg in LEGS}
     result = {"env": args.env, "num_workers": args.num_workers, "num_envs": args.num_workers * envs_per_worker,
-              "pure_sim_fps": fps["pure"], "ceiling_fps": fps["ceiling"], "ours_fps": fps["ours"],
+              "policy_workers_per_policy": getattr(args, "policy_workers_per_policy", None),
+              "pure_sim_fps": fps["pure"], "pure_episodes_fps": fps["pure_episodes"], "ours_fps": fps["ours"],
               "ours_fp32_fps": fps["ours_fp32"], "sf_fps": fps["sf"], "runs": runs}
-    for name, baseline in (("pure_sim", "pure"), ("ceiling", "ceiling"), ("sf", "sf")):
+    for name, baseline in (("pure_sim", "pure"), ("pure_episodes", "pure_episodes"), ("sf", "sf")):
         result[f"ours_over_{name}"] = fps["ours"] / fps[baseline] if fps["ours"] and fps[baseline] else None
     result["ours_fp32_over_sf"] = fps["ours_fp32"] / fps["sf"] if fps["ours_fp32"] and fps["sf"] else None
     return result
@@ -515,26 +556,23 @@ def format_table(results: list[dict]) -> str:
             return "-"
         return f"{value:.2f}" if ratio else f"{value:,.0f}"
 
-    header = ["env", "envs", "pure sim", "ceiling", "ours", "ours fp32", "SF", "ours/pure", "ours/ceiling",
-              "ours/SF", "ours fp32/SF"]
-    rows = [[r["env"], str(r["num_envs"]), cell(r["pure_sim_fps"]), cell(r["ceiling_fps"]), cell(r["ours_fps"]),
-             cell(r["ours_fp32_fps"]), cell(r["sf_fps"]), cell(r["ours_over_pure_sim"], True),
-             cell(r["ours_over_ceiling"], True), cell(r["ours_over_sf"], True), cell(r["ours_fp32_over_sf"], True)]
-            for r in results]
+    header = ["env", "envs", "pure sim", "pure episodes", "ours", "ours fp32", "SF", "ours/pure",
+              "ours/pure episodes", "ours/SF", "ours fp32/SF"]
+    rows = [[r["env"], str(r["num_envs"]), cell(r["pure_sim_fps"]), cell(r.get("pure_episodes_fps")),
+             cell(r["ours_fps"]), cell(r["ours_fp32_fps"]), cell(r["sf_fps"]), cell(r["ours_over_pure_sim"], True),
+             cell(r.get("ours_over_pure_episodes"), True), cell(r["ours_over_sf"], True),
+             cell(r["ours_fp32_over_sf"], True)]
+            for r in results]  # (.get: result files from before the pure_episodes leg)
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
     lines = [" | ".join(text.rjust(width) for text, width in zip(row, widths)) for row in [header] + rows]
     lines.insert(1, "-+-".join("-" * width for width in widths))
     details = []
     for r in results:
-        ceiling = r["runs"].get("ceiling", [{}])[-1]
-        if "env_ms_per_step" in ceiling:
-            where = f"{ceiling['cores']} cores" + (" and the GPU" if ceiling.get("gpu_bound_fps") else "")
-            text = (f"{r['num_envs']} envs, ceiling on {where}: env step {ceiling['env_ms_per_step']:.3f} ms, "
-                    f"forward {ceiling['inference_ms_per_sample']:.3f} ms/sample, learner "
-                    f"{ceiling['learner_ms_per_sample']:.3f} ms/sample")
-            if ceiling.get("gpu_bound_fps"):
-                text += f" (cores' bound {ceiling['cpu_bound_fps']:,.0f}, GPU's bound {ceiling['gpu_bound_fps']:,.0f})"
-            details.append(text)
+        for run in r["runs"].get("pure_episodes", [])[-1:]:
+            details.append(f"{r['num_envs']} envs, pure episodes: every episode cut at {run['episode_frames']} "
+                           "env frames, random actions")
+        for run in r["runs"].get("gpu_time", [])[-1:]:
+            details.append(gpu_time_text(run, r["num_envs"]))
         per_run = {leg: [run["fps"] for run in runs if run.get("fps")] for leg, runs in r["runs"].items()}
         if any(len(fps) > 1 for fps in per_run.values()):
             details.append(f"{r['num_envs']} envs, every run: " + "; ".join(
@@ -556,15 +594,31 @@ def format_table(results: list[dict]) -> str:
                                 "auto); ours fp32: float32, like Sample Factory."] + details)
 
 
+def gpu_time_text(run: dict, num_envs: int) -> str:
+    """The gpu_time leg in words: each stage on its own, wall clock and (on a GPU) the GPU's own time."""
+    def ms(wall, gpu):
+        return f"{wall:.3f} ms wall" + (f", {gpu:.3f} ms GPU events" if gpu is not None else "")
+
+    text = (f"{num_envs} envs, gpu_time on {run['device']}: forward at batch {run['inference_batch']} "
+            f"({run['batch_source']}) {ms(run['inference_wall_ms_per_batch'], run['inference_event_ms_per_batch'])}; "
+            f"learner train_step at batch {run['learner_batch_size']} "
+            f"{ms(run['learner_wall_ms_per_step'], run['learner_event_ms_per_step'])}")
+    if run.get("learner_kernel_ms_per_step") is not None:
+        text += f", {run['learner_kernel_ms_per_step']:.3f} ms of kernels"
+    if run.get("learner_syncs_per_step") is not None:
+        text += f", {run['learner_syncs_per_step']} host syncs a step"
+    return text + " (stages apart: not a bound on training)"
+
+
 def plot(results: list[dict], path: str):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axes = plt.subplots(figsize=(6, 4))
     num_envs = [r["num_envs"] for r in results]
-    for key, label in (("pure_sim_fps", "pure simulation"), ("ceiling_fps", "compute ceiling"),
+    for key, label in (("pure_sim_fps", "pure simulation"), ("pure_episodes_fps", "pure simulation, cut episodes"),
                        ("ours_fps", "ours"), ("sf_fps", "Sample Factory")):
-        points = [(n, r[key]) for n, r in zip(num_envs, results) if r[key] is not None]
+        points = [(n, r[key]) for n, r in zip(num_envs, results) if r.get(key) is not None]
         if points:
             axes.plot(*zip(*points), marker="o", label=label)
     axes.set_xlabel("envs (workers x envs per worker)")
@@ -598,7 +652,9 @@ def comparison_table(paths: list[str]) -> str:
         if "provenance" not in saved:  # what --json printed (files saved before --out): figures only
             saved = {"provenance": {}, "results": saved if isinstance(saved, list) else [saved]}
         files.append((path, saved))
-    legs = [leg for leg in LEGS if any(result["runs"].get(leg) for _, saved in files for result in saved["results"])]
+    found = [leg for _, saved in files for result in saved["results"] for leg in result["runs"]]
+    # this bench's legs in its order, then those of older files (the ceiling leg, say)
+    legs = list(dict.fromkeys([leg for leg in LEGS if leg in found] + found))
     lines = ["| file | env | appo.py flags | commit | " + " | ".join(legs) + " |", "|---" * (4 + len(legs)) + "|"]
     for path, saved in files:
         command = saved["provenance"].get("command")

@@ -1,32 +1,43 @@
 #!/usr/bin/env python
-"""The whole GPU check in one command: does appo.py's --device cuda path work on this machine, how
-fast does it train, and what does a crash leave behind.
+"""The whole GPU check in one command: does appo.py's --device cuda path work on this machine, where
+does a training step's time go, and how fast does it train next to pure simulation and Sample Factory.
 
-    python scripts/gpu_check.py prepare              # here: wheels for the GPU machine into .whl/
+    python scripts/gpu_check.py prepare              # here: wheels for the GPU machine, packed into .whl-pack/
     python3 scripts/gpu_check.py run --out OUT       # there: the check, results in OUT/
     python scripts/gpu_check.py run --device cpu --out /tmp/gpu_check   # a dry run with no GPU
 
 `run` does these steps in order, each timed, each recorded as passed, failed or skipped (with the
 reason) in OUT/summary.md and OUT/summary.json, every command's output in OUT/steps.log:
 
-  packages     installs the wheels of --wheels (if that folder exists) into a folder of its own and
-               puts it on PYTHONPATH: the GPU machine has torch but no VizDoom and reaches no index
-  machine      torch, CUDA, the GPU, its native bfloat16, the cores
-  build        builds the C++ module (csrc/) in place; without a compiler, takes the prebuilt one
-               from --wheels
-  cuda_tests   tests/test_cuda.py: CUDA IPC weights, pinned batches, bf16 autocast, checkpoints
-               across devices (a dry run runs them with the CPU in the GPU's place)
-  train        doom_basic for --train_seconds with the family's defaults, every core: frames
-               trained per second, the score reached; a clean stop must leave no process and
-               nothing in /dev/shm
-  throughput   scripts/bench_throughput.py's pure simulation, ceiling and ours legs, same config
-  sigkill      SIGKILLs a training run's runner: which processes outlive it by 30 s, and what it
-               leaves in /dev/shm (both removed afterwards)
-  eval         plays the train step's checkpoint with --mode eval on --device
+  packages       unpacks --pack (if it exists) and installs its wheels (or those of --wheels) into a
+                 folder of its own on PYTHONPATH: the GPU machine has torch but no VizDoom and reaches
+                 no index; Sample Factory's wheels (--sf_wheels) go into another folder, run through a
+                 wrapper that puts only that folder on PYTHONPATH (numpy 1.26, gymnasium 0.29)
+  machine        torch, CUDA, the GPU, its native bfloat16, the cores
+  build          builds the C++ module (csrc/) in place; without a compiler, takes the prebuilt one
+  sample_factory whether Sample Factory's interpreter imports its Doom launcher (else the sf legs
+                 are left out, with the reason)
+  cuda_tests     tests/test_cuda.py: CUDA IPC weights, pinned batches, bf16 autocast, checkpoints
+                 across devices (a dry run runs them with the CPU in the GPU's place)
+  train          doom_basic for --train_seconds with the family's defaults: frames trained per
+                 second, the score reached; a clean stop must leave no process and nothing in /dev/shm
+  sigkill        SIGKILLs a training run's runner: which processes outlive it by 30 s, and what it
+                 leaves in /dev/shm (both removed afterwards)
+  eval           plays the train step's checkpoint with --mode eval on --device; its mean episode
+                 length is where the pure_episodes leg cuts episodes (unless --pure_episode_frames)
+  micro_policy   scripts/bench_policy_worker.py --device, where this tree has it
+  micro_learner  scripts/bench_learner.py: ms per learner train_step, wall clock and GPU, and host
+                 syncs per step, on doom_basic's model at batch 512
+  doom_1pw       scripts/bench_throughput.py on doom_basic with one policy worker per policy: pure
+                 simulation (random actions; and episodes cut at the eval's length), ours, Sample
+                 Factory (same flags, SGD work, policy workers, on the GPU), gpu_time (the forward
+                 pass at ours' mean batch and the learner's step, timed apart)
+  doom_2pw       ours and Sample Factory with two policy workers per policy
+  atari          atari_breakout at its synchronous defaults: pure simulation, ours, Sample Factory
 
-The exit code is 0 when no step failed. The defaults should take about 6 minutes on 16 cores
-(the dry run on 2 cores: under 3); a call on the GPU machine is limited to 10, so `run` starts no
-step past --deadline_s, and --steps reruns only some.
+The exit code is 0 when no step failed. The defaults take about 8 minutes on 16 cores; a call on
+the GPU machine is limited to 10, so `run` starts no step past --deadline_s (nor one expected to
+end more than a minute after it), and --steps reruns only some.
 """
 import argparse
 import glob
@@ -34,10 +45,12 @@ import json
 import os
 import re
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import threading
 import time
@@ -49,12 +62,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # what the GPU machine lacks: the env engines and gymnasium (its image has torch, numpy, OpenCV,
 # TensorBoard, cloudpickle and pytest); versions are this machine's, the ones the tests ran with
 CARRIED_PACKAGES = ["vizdoom", "gymnasium", "ale-py", "farama-notifications"]
+# Sample Factory 2.1.1 and the numpy<2 / gymnasium<1.0 stack it was released with, installed apart
+# from ours (its own folder first on its PYTHONPATH) and run by the GPU machine's python and torch.
+# Not carried: torch and OpenCV (the machine's own: its opencv-python-headless imports under numpy 1.26;
+# wheels of 4.12, 4.13 and 5.0 were checked so), wandb, huggingface-hub, pyglet (never imported when
+# training); VizDoom is ours (its wheel runs under numpy 1.26 and gymnasium 0.29) and goes into both.
+SF_PACKAGES = ["sample-factory==2.1.1", "signal-slot-mp==1.0.5", "numpy==1.26.4", "gymnasium==0.29.1",
+               "farama-notifications==0.0.6", "tensorboardX==2.6.5", "protobuf==7.36.2", "psutil==7.2.2",
+               "threadpoolctl==3.8.0", "colorlog==6.12.0", "filelock==4.3.1", "ale-py==0.9.1"]
+SF_COMPILED = "faster-fifo==1.5.2"  # a Cython extension: built with prepare's Python 3.12 if PyPI has no wheel
+SF_IMPORTS = ["torch", "numpy", "cv2", "vizdoom", "gymnasium", "faster_fifo", "signal_slot", "tensorboardX",
+              "sample_factory", "sf_examples.vizdoom.train_vizdoom"]
+DEFAULT_PACK = os.path.join(REPO, ".whl-pack", "gpu_wheels.tar.xz")
 STATUS = re.compile(r"^\[ *(\d+)s\] frames ")
 TRAINED = re.compile(r"trained ([\d,]+)")
 RETURN = re.compile(r"avg return (-?[\d.]+) \((\d+) ep\)")
-STEPS = ["cuda_tests", "train", "throughput", "sigkill", "eval"]
+STEPS = ["cuda_tests", "train", "sigkill", "eval", "micro_policy", "micro_learner", "doom_1pw", "doom_2pw", "atari"]
+ALWAYS = ["packages", "machine", "build", "sample_factory"]
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|error)")
 EVAL_RETURN = re.compile(r"mean return (-?[\d.]+) \+- ([\d.]+) over (\d+) games")
+EVAL_LENGTH = re.compile(r"mean length ([\d,]+) env frames")
 
 
 def parse_args(argv=None):
@@ -63,6 +90,9 @@ def parse_args(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     prepare = commands.add_parser("prepare", help="download and build what the GPU machine needs, into --wheels")
     prepare.add_argument("--wheels", default=os.path.join(REPO, ".whl"), help="folder for the wheels")
+    prepare.add_argument("--sf_wheels", default=os.path.join(REPO, ".whl-sf"),
+                         help="folder for Sample Factory's wheels")
+    prepare.add_argument("--pack", default=DEFAULT_PACK, help="the one file of both folders that travels")
     prepare.add_argument("--python", default=None,
                          help="a Python of the GPU machine's version (3.12) to build the C++ module with; "
                               "default: python3.12 on PATH or under pyenv")
@@ -70,18 +100,33 @@ def parse_args(argv=None):
     run.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                      help="cpu: a dry run, the CUDA-only parts skipped with the reason")
     run.add_argument("--out", required=True, help="folder for summary.md, summary.json and steps.log")
+    run.add_argument("--pack", default=DEFAULT_PACK,
+                     help="the file `prepare` packs both wheel folders into; where it exists, its folders "
+                          "replace --wheels and --sf_wheels")
     run.add_argument("--wheels", default=os.path.join(REPO, ".whl"),
                      help="wheels from `prepare`; installed only if the folder exists")
+    run.add_argument("--sf_wheels", default=os.path.join(REPO, ".whl-sf"),
+                     help="Sample Factory's wheels from `prepare`, installed into a folder of their own for the "
+                          "sf legs (the VizDoom and ale wheels of --wheels too)")
+    run.add_argument("--sf_python", default=None,
+                     help="a Sample Factory 2.1.1 interpreter to use instead of --sf_wheels (.venv-sf/bin/python)")
     run.add_argument("--num_workers", type=int, default=max(1, len(os.sched_getaffinity(0)) - 2),
                      help="rollout workers (default: the cores less two, for the learner and the policy worker)")
     run.add_argument("--num_envs_per_worker", type=int, default=8, help="envs per rollout worker")
-    run.add_argument("--train_seconds", type=float, default=90, help="length of the training run")
-    run.add_argument("--bench_seconds", type=float, default=20, help="measured seconds of each throughput leg")
-    run.add_argument("--bench_warmup", type=float, default=10, help="training seconds before the ours leg counts")
+    run.add_argument("--train_seconds", type=float, default=40, help="length of the training run")
+    run.add_argument("--bench_seconds", type=float, default=15, help="measured seconds of each throughput leg")
+    run.add_argument("--bench_warmup", type=float, default=10,
+                     help="training seconds before the trainers' legs count")
+    run.add_argument("--report_every", type=float, default=5, help="appo.py's status interval in the trainers' legs")
+    run.add_argument("--pure_episode_frames", type=int, default=None,
+                     help="episode length of the pure_episodes leg, in env frames; default: the eval step's mean "
+                          "length (the pure_episodes leg is left out when neither gives one)")
     run.add_argument("--steps", default=",".join(STEPS),
                      help=f"comma-separated steps to run, from {','.join(STEPS)} (a rerun after a fix can "
-                          "name only what failed); packages, machine and build always run")
-    run.add_argument("--deadline_s", type=float, default=500, help="start no step after this many seconds")
+                          f"name only what failed); {', '.join(ALWAYS)} always run")
+    run.add_argument("--deadline_s", type=float, default=480,
+                     help="start no step after this many seconds, nor one that would not end within a minute of "
+                          "it; a command still running a minute past it is stopped")
     args = parser.parse_args(argv)
     if args.command == "run":
         args.steps = args.steps.split(",")
@@ -110,15 +155,76 @@ def installed_version(name: str) -> str:
     return version(name)
 
 
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+
+
+def download_wheels(requirements: list[str], folder: str, python_version: str = "3.12"):
+    """pip download of binary wheels for CPython `python_version` on manylinux x86-64, without
+    dependencies (each package is named): the GPU machine's platform, whatever this one's is."""
+    platforms = [arg for tag in PLATFORMS for arg in ("--platform", tag)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+                    python_version, "--implementation", "cp", *platforms, "-d", folder, *requirements], check=True)
+
+
+def download_sample_factory_wheels(folder: str, python: str | None, python_version: str = "3.12"):
+    """SF_PACKAGES into `folder`; faster-fifo, a C extension, built with `python` (of
+    `python_version`) where PyPI has no wheel for that Python."""
+    os.makedirs(folder, exist_ok=True)
+    download_wheels(SF_PACKAGES, folder, python_version)
+    try:
+        download_wheels([SF_COMPILED], folder, python_version)
+    except subprocess.CalledProcessError:
+        print(f"no {SF_COMPILED} wheel for Python {python_version} on PyPI: building it with {python}", flush=True)
+        subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "--no-binary", SF_COMPILED.split("==")[0],
+                        "-w", folder, SF_COMPILED], check=True)
+
+
+def stored_copy(wheel: str, folder: str) -> str:
+    """The wheel re-written uncompressed, so that one solid xz stream compresses across files (the
+    VizDoom wheel's two IWADs are mostly alike)."""
+    path = os.path.join(folder, os.path.basename(wheel))
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as target:
+        for info in source.infolist():
+            copy = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+            copy.external_attr, copy.compress_type = info.external_attr, zipfile.ZIP_STORED  # (file modes kept)
+            target.writestr(copy, source.read(info))
+    return path
+
+
+def pack(folders: dict[str, str], path: str):
+    """One .tar.xz of the folders' files under their names (`whl/...`, `whl-sf/...`), wheels
+    uncompressed inside: what travels to the GPU machine, whose working tree is size-limited."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with tempfile.TemporaryDirectory() as stored, tarfile.open(path + ".part", "w:xz", preset=9) as archive:
+        for name, folder in folders.items():
+            for file in sorted(os.listdir(folder)):
+                source = os.path.join(folder, file)
+                copy = stored_copy(source, stored) if file.endswith(".whl") else source
+                archive.add(copy, arcname=f"{name}/{file}")
+                if copy != source:
+                    os.unlink(copy)
+    os.replace(path + ".part", path)
+
+
+def unpack(path: str, folder: str) -> dict[str, str]:
+    """The pack's folders, extracted under `folder`: name -> path."""
+    with tarfile.open(path, "r:xz") as archive:
+        archive.extractall(folder, filter="data")
+    return {name: os.path.join(folder, name) for name in sorted(os.listdir(folder))}
+
+
+def folder_listing(folder: str) -> str:
+    files = sorted(os.listdir(folder))
+    size = sum(os.path.getsize(os.path.join(folder, name)) for name in files)
+    return f"{len(files)} files, {size / 2**20:.1f} MiB in {folder}:\n  " + "\n  ".join(files)
+
+
 def prepare(args):
     """Wheels of the GPU machine's platform (CPython 3.12, manylinux x86-64) for the packages it
-    lacks, and the C++ module built with a Python 3.12 as a fallback for a machine with no compiler."""
+    lacks, the C++ module built with a Python 3.12 as a fallback for a machine with no compiler,
+    Sample Factory's wheels, and the pack of both that travels."""
     os.makedirs(args.wheels, exist_ok=True)
-    pins = [f"{name}=={installed_version(name)}" for name in CARRIED_PACKAGES]
-    platforms = [arg for tag in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-                                 "manylinux2014_x86_64") for arg in ("--platform", tag)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                    "3.12", "--implementation", "cp", *platforms, "-d", args.wheels, *pins], check=True)
+    download_wheels([f"{name}=={installed_version(name)}" for name in CARRIED_PACKAGES], args.wheels)
     python = find_python312(args.python)
     with tempfile.TemporaryDirectory() as build_dir:  # pip builds it in isolation, fetching pybind11
         subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "-w", build_dir, REPO], check=True)
@@ -127,10 +233,14 @@ def prepare(args):
             (module,) = [name for name in archive.namelist() if name.startswith("appo_ipc")]
             with open(os.path.join(args.wheels, module), "wb") as f:
                 f.write(archive.read(module))
-    files = sorted(os.listdir(args.wheels))
-    size = sum(os.path.getsize(os.path.join(args.wheels, name)) for name in files)
-    print(f"{len(files)} files, {size / 2**20:.1f} MiB in {args.wheels}:\n  " + "\n  ".join(files))
-    print("on the GPU machine, from the repository root: python3 scripts/gpu_check.py run --out OUT")
+    print(folder_listing(args.wheels))
+    download_sample_factory_wheels(args.sf_wheels, python)
+    print(folder_listing(args.sf_wheels))
+    print(f"packing both into {args.pack} (xz, minutes) ...", flush=True)
+    pack({"whl": args.wheels, "whl-sf": args.sf_wheels}, args.pack)
+    print(f"{os.path.getsize(args.pack) / 2**20:.1f} MiB in {args.pack}")
+    print("on the GPU machine, from the repository root, with .whl-pack carried: "
+          "python3 scripts/gpu_check.py run --out OUT")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,12 +255,17 @@ class Check:
         self.results: list[dict] = []
         self.work = tempfile.mkdtemp(prefix="gpu_check_")  # train dirs, outside OUT: only summaries come back
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.wheels, self.sf_wheels = args.wheels, args.sf_wheels  # or the pack's folders (step_packages)
+        self.sf_python = args.sf_python  # or the wrapper step_packages writes
+        self.sf_missing = None if args.sf_python else f"no Sample Factory wheels in {args.sf_wheels} and no --sf_python"
+        self.episode_frames = args.pure_episode_frames  # or the eval step's mean length
 
     def remaining(self) -> float:
         return self.args.deadline_s - (time.monotonic() - self.start)
 
-    def step(self, name: str, function, needs: tuple[str, ...] = ()):
-        """Runs function() -> (status, details); an exception fails the step."""
+    def step(self, name: str, function, needs: tuple[str, ...] = (), expected_s: float = 0.0):
+        """Runs function() -> (status, details); an exception fails the step. A step expected to take
+        `expected_s` does not start unless it would end within a minute of --deadline_s."""
         failed_needs = [result["step"] for result in self.results if result["step"] in needs
                         and result["status"] != "passed"]
         started = time.monotonic()
@@ -160,6 +275,9 @@ class Check:
             status, details = "skipped", {"reason": f"needs {', '.join(failed_needs)}, which did not pass"}
         elif self.remaining() <= 0:
             status, details = "skipped", {"reason": f"past --deadline_s {self.args.deadline_s:g}"}
+        elif expected_s > self.remaining() + 60:
+            status, details = "skipped", {"reason": f"expected to take about {expected_s:.0f} s, {self.remaining():.0f} s "
+                                                    f"left before --deadline_s {self.args.deadline_s:g}"}
         else:
             self.say(f"== {name}")
             try:
@@ -264,17 +382,90 @@ def training_rate(lines: list[dict], skip_s: float = 20.0) -> float | None:
 # The steps
 # ---------------------------------------------------------------------------------------------
 
-def step_packages(check: Check):
-    wheels = sorted(glob.glob(os.path.join(check.args.wheels, "*.whl")))
-    if not wheels:
-        return "skipped", {"reason": f"no wheels in {check.args.wheels}: using the packages installed here"}
-    target = os.path.join(check.work, "site")
+def pip_install(check: Check, wheels: list[str], target: str) -> str | None:
+    """Installs the wheels into `target` as the GPU machine must (no index, no dependencies); None
+    or what went wrong."""
     code, output = check.command([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
                                   "--no-compile", "--no-cache-dir", "--target", target, *wheels], timeout=300)
+    return None if code == 0 else "pip install failed: " + (output.strip().splitlines() or [""])[-1]
+
+
+def sf_wrapper_text(site: str, python: str) -> str:
+    """An executable that runs `python` with the Sample Factory packages alone on PYTHONPATH (ours,
+    which need numpy 2 and gymnasium 1, stay out): what bench_throughput.py takes as --sf_python."""
+    return ("#!/bin/sh\n# Sample Factory 2.1.1: this machine's Python and torch, its own packages first\n"
+            f"PYTHONPATH={shlex.quote(site)} exec {shlex.quote(python)} \"$@\"\n")
+
+
+def write_sf_wrapper(path: str, site: str, python: str) -> str:
+    with open(path, "w") as f:
+        f.write(sf_wrapper_text(site, python))
+    os.chmod(path, 0o755)
+    return path
+
+
+def step_packages(check: Check):
+    details = {}
+    if os.path.exists(check.args.pack):
+        folders = unpack(check.args.pack, os.path.join(check.work, "unpacked"))
+        check.wheels, check.sf_wheels = folders.get("whl", check.wheels), folders.get("whl-sf", check.sf_wheels)
+        details["pack"] = check.args.pack
+    wheels = sorted(glob.glob(os.path.join(check.wheels, "*.whl")))
+    if wheels:
+        target = os.path.join(check.work, "site")
+        problem = pip_install(check, wheels, target)
+        if problem:
+            return "failed", {"reason": problem, **details}
+        check.env["PYTHONPATH"] = os.pathsep.join(filter(None, [target, check.env.get("PYTHONPATH")]))
+        details.update(installed=[os.path.basename(wheel) for wheel in wheels], into=target)
+    else:
+        details["ours"] = f"no wheels in {check.wheels}: using the packages installed here"
+    sf_wheels = sorted(glob.glob(os.path.join(check.sf_wheels, "*.whl")))
+    if sf_wheels and not check.args.sf_python:
+        # VizDoom (and nothing else) of ours goes in too: Sample Factory's set has none of its own
+        shared = [wheel for wheel in wheels if os.path.basename(wheel).startswith("vizdoom-")]
+        site = os.path.join(check.work, "sf_site")
+        problem = pip_install(check, sf_wheels + shared, site)
+        if problem:
+            check.sf_missing = f"Sample Factory's wheels: {problem}"
+        else:
+            shutil.copy(os.path.join(REPO, "scripts", "sf_train_atari_ale.py"), site)
+            check.sf_python = write_sf_wrapper(os.path.join(check.work, "sf_python"), site, sys.executable)
+            check.sf_missing = None
+            details.update(sf_installed=[os.path.basename(wheel) for wheel in sf_wheels + shared], sf_into=site)
+    if not wheels and not check.sf_python:
+        return "skipped", {"reason": f"no wheels in {check.wheels} or {check.sf_wheels}: using the packages "
+                                     "installed here", **details}
+    return "passed", details
+
+
+SF_PROBE = """
+import importlib, json, sys
+info = {"python": sys.version.split()[0]}
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    info[name] = getattr(module, "__version__", None) or "imported"
+import torch
+info["cuda_available"] = torch.cuda.is_available()
+print(json.dumps(info))
+"""
+
+
+def step_sample_factory(check: Check):
+    """Whether Sample Factory's interpreter imports what its Doom launcher needs: the sf legs run
+    only where it does."""
+    if check.sf_python is None:
+        return "skipped", {"reason": f"{check.sf_missing}: the sf legs are left out"}
+    code, output = check.command([check.sf_python, "-c", SF_PROBE, *SF_IMPORTS], timeout=120)
     if code != 0:
-        return "failed", {"reason": "pip install failed: " + output.strip().splitlines()[-1]}
-    check.env["PYTHONPATH"] = os.pathsep.join(filter(None, [target, check.env.get("PYTHONPATH")]))
-    return "passed", {"installed": [os.path.basename(wheel) for wheel in wheels], "into": target}
+        reason = "Sample Factory's packages do not import: " + (output.strip().splitlines() or [""])[-1][:300]
+        check.sf_python, check.sf_missing = None, reason
+        return "failed", {"reason": reason + "; the sf legs are left out"}
+    info = json.loads(output.strip().splitlines()[-1])
+    if check.args.device == "cuda" and not info["cuda_available"]:
+        check.sf_python, check.sf_missing = None, "Sample Factory's torch sees no GPU"
+        return "failed", {"reason": check.sf_missing, **info}
+    return "passed", {"sf_python": check.sf_python, **info}
 
 
 PROBE = """
@@ -315,7 +506,7 @@ def step_build(check: Check):
     code, output = check.command([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], timeout=300)
     how = "built here"
     if code != 0:
-        prebuilt = os.path.join(check.args.wheels, "appo_ipc" + suffix)
+        prebuilt = os.path.join(check.wheels, "appo_ipc" + suffix)
         if not os.path.exists(prebuilt):
             return "failed", {"reason": f"the build failed and {prebuilt} is missing: " +
                                         output.strip().splitlines()[-1]}
@@ -384,31 +575,6 @@ def step_train(check: Check):
     return "passed", details
 
 
-def step_throughput(check: Check):
-    legs = "pure,ceiling,ours"
-    command = [sys.executable, "scripts/bench_throughput.py", "--env", "doom_basic",
-               "--num_workers", str(check.args.num_workers), "--num_envs_per_worker", str(check.args.num_envs_per_worker),
-               "--legs", legs, "--seconds", str(check.args.bench_seconds), "--warmup", str(check.args.bench_warmup),
-               "--json", "--", "--device", check.args.device]
-    code, output = check.command(command, timeout=3 * check.args.bench_seconds + check.args.bench_warmup + 300)
-    start = output.find("{\n")
-    if code != 0 or start < 0:
-        return "failed", {"reason": f"bench_throughput exit code {code}", "command": " ".join(command[1:])}
-    figures = json.loads(output[start:output.rindex("}") + 1])
-    ceiling = figures["runs"]["ceiling"][0] if figures["runs"].get("ceiling") else {}
-    ours = figures["runs"]["ours"][0] if figures["runs"].get("ours") else {}
-    details = {"command": " ".join(command[1:]), "envs": figures["num_envs"],
-               "pure_sim_fps": figures["pure_sim_fps"], "ceiling_fps": figures["ceiling_fps"],
-               "ceiling_cpu_bound_fps": ceiling.get("cpu_bound_fps"), "ceiling_gpu_bound_fps": ceiling.get("gpu_bound_fps"),
-               "ours_fps": figures["ours_fps"], "ours_over_pure_sim": figures["ours_over_pure_sim"],
-               "ours_over_ceiling": figures["ours_over_ceiling"], "busy_percent": ours.get("busy_percent"),
-               "policy_lag": ours.get("lag_avg"), "ms": {key: ceiling.get(key) for key in (
-                   "env_ms_per_step", "inference_ms_per_sample", "learner_ms_per_sample")}}
-    if not all(figures[key] for key in ("pure_sim_fps", "ceiling_fps", "ours_fps")):
-        return "failed", {"reason": "a leg gave no figure", **details}
-    return "passed", details
-
-
 def step_sigkill(check: Check):
     """SIGKILLs the runner once its learner has trained: the children notice their parent is gone."""
     tag = uuid.uuid4().hex
@@ -466,13 +632,133 @@ def step_eval(check: Check):
     command = [sys.executable, "appo.py", "--mode", "eval", "--env", "doom_basic", "--device", check.args.device,
                "--train_dir", os.path.join(check.work, "train"), "--experiment", "trained", "--max_num_episodes", "5"]
     code, output = check.command(command, timeout=300)
-    score = EVAL_RETURN.search(output)
+    score, length = EVAL_RETURN.search(output), EVAL_LENGTH.search(output)
     playing = next((line for line in output.splitlines() if line.startswith("playing ")), "")
     details = {"command": " ".join(command[1:]), "exit_code": code, "playing": playing,
                "mean_return": float(score.group(1)) if score else None,
-               "games": int(score.group(3)) if score else 0}
+               "games": int(score.group(3)) if score else 0,
+               "mean_length_frames": int(length.group(1).replace(",", "")) if length else None}
+    if check.episode_frames is None and details["mean_length_frames"]:
+        check.episode_frames = details["mean_length_frames"]  # the pure_episodes leg cuts episodes there
     if code != 0 or not score or f" on {check.args.device} " not in playing:
         return "failed", {"reason": f"exit code {code}; " + (output.strip().splitlines() or [""])[-1][:300], **details}
+    return "passed", details
+
+
+def json_in(output: str) -> dict | None:
+    """The JSON object a script printed last (its lines from the last one that is exactly "{")."""
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == "{"]
+    for start in reversed(starts):
+        ends = [i for i in range(len(lines) - 1, start, -1) if lines[i] == "}"]
+        if ends:
+            try:
+                return json.loads("\n".join(lines[start:ends[0] + 1]))
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
+def step_micro_policy(check: Check):
+    """The policy worker's micro-benchmark, where this tree has it (another branch writes it)."""
+    script = os.path.join(REPO, "scripts", "bench_policy_worker.py")
+    if not os.path.exists(script):
+        return "skipped", {"reason": "scripts/bench_policy_worker.py is not in this tree"}
+    command = [sys.executable, script, "--device", check.args.device]
+    code, output = check.command(command, timeout=60)
+    details = {"command": " ".join(command[1:]), "exit_code": code, "output_tail": output.strip().splitlines()[-25:]}
+    return ("passed" if code == 0 else "failed"), details
+
+
+def learner_command(check: Check) -> list[str]:
+    """bench_learner.py on doom_basic's model at batch 512, rollout 32 (a dry run: one step)."""
+    quick = ["--seconds", "0", "--min_steps", "1", "--warmup_steps", "1"] if check.args.device == "cpu" else \
+        ["--seconds", "5"]
+    return [sys.executable, os.path.join(REPO, "scripts", "bench_learner.py"), "--env", "doom_basic",
+            "--device", check.args.device, "--batch_size", "512", "--rollout", "32", *quick, "--json"]
+
+
+def step_micro_learner(check: Check):
+    command = learner_command(check)
+    code, output = check.command(command, timeout=240)
+    figures = json_in(output)
+    if code != 0 or figures is None:
+        return "failed", {"reason": f"bench_learner exit code {code}", "command": " ".join(command[1:])}
+    return "passed", {"command": " ".join(command[1:]), **figures}
+
+
+def bench_legs(check: Check, env_name: str, policy_workers: int) -> tuple[list[str], dict[str, str]]:
+    """The legs of one bench_throughput call, and each leg left out with the reason. Pure
+    simulation depends on no trainer setting: measured once, with one policy worker per policy."""
+    legs, left_out = [], {}
+    if policy_workers == 1:
+        legs.append("pure")
+        if env_name.startswith("doom"):
+            if check.episode_frames:
+                legs.append("pure_episodes")
+            else:
+                left_out["pure_episodes"] = "no episode length: eval gave none and --pure_episode_frames is unset"
+    legs.append("ours")
+    if check.sf_python:
+        legs.append("sf")
+    else:
+        left_out["sf"] = check.sf_missing or "no Sample Factory"
+    if policy_workers == 1 and env_name.startswith("doom"):
+        legs.append("gpu_time")
+    return legs, left_out
+
+
+def bench_command(check: Check, env_name: str, legs: list[str], policy_workers: int) -> list[str]:
+    args = check.args
+    command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", env_name,
+               "--num_workers", str(args.num_workers), "--num_envs_per_worker", str(args.num_envs_per_worker),
+               "--legs", ",".join(legs), "--seconds", str(args.bench_seconds), "--warmup", str(args.bench_warmup),
+               "--report_every", str(args.report_every), "--policy_workers_per_policy", str(policy_workers), "--json"]
+    if "pure_episodes" in legs:
+        command += ["--pure_episode_frames", str(check.episode_frames)]
+    if "sf" in legs:
+        command += ["--sf_python", check.sf_python]
+    return command + ["--", "--device", args.device]
+
+
+def bench_seconds(args, legs: list[str]) -> float:
+    """About how long bench_throughput takes for these legs: each leg's measured seconds, the
+    trainers' warm-up and report, and their start (Sample Factory's is the slower)."""
+    start = {"pure": 12, "pure_episodes": 12, "ours": 20 + args.report_every, "sf": 30, "gpu_time": 20}
+    measured = {"pure": args.bench_seconds, "pure_episodes": args.bench_seconds, "gpu_time": 0,
+                "ours": args.bench_warmup + args.bench_seconds, "sf": args.bench_warmup + args.bench_seconds}
+    return sum(start[leg] + measured[leg] for leg in legs)
+
+
+def bench_details(figures: dict) -> dict:
+    runs = figures["runs"]
+
+    def first(leg):
+        return runs[leg][0] if runs.get(leg) else {}
+
+    ours, sf = first("ours"), first("sf")
+    return {"envs": figures["num_envs"], "policy_workers_per_policy": figures.get("policy_workers_per_policy"),
+            **{key: figures.get(key) for key in ("pure_sim_fps", "pure_episodes_fps", "ours_fps", "sf_fps",
+                                                 "ours_over_pure_sim", "ours_over_pure_episodes", "ours_over_sf")},
+            "ours_busy_percent": ours.get("busy_percent"), "ours_policy_lag": ours.get("lag_avg"),
+            "ours_inference_batch": ours.get("inference_batch"), "ours_windows": ours.get("window_fps"),
+            "sf_windows": sf.get("window_fps"), "sf_log_tail": sf.get("log_tail"),
+            "pure_episode_frames": first("pure_episodes").get("episode_frames"), "gpu_time": first("gpu_time") or None}
+
+
+def step_bench(check: Check, env_name: str, policy_workers: int):
+    legs, left_out = bench_legs(check, env_name, policy_workers)
+    command = bench_command(check, env_name, legs, policy_workers)
+    code, output = check.command(command, timeout=bench_seconds(check.args, legs) + 120)
+    figures = json_in(output)
+    details = {"command": " ".join(command[1:]), "left_out": left_out}
+    if code != 0 or figures is None:
+        return "failed", {"reason": f"bench_throughput exit code {code}", **details}
+    details.update(bench_details(figures))
+    missing = [leg for leg, key in (("pure", "pure_sim_fps"), ("pure_episodes", "pure_episodes_fps"),
+                                    ("ours", "ours_fps"), ("sf", "sf_fps")) if leg in legs and not figures.get(key)]
+    if missing:
+        return "failed", {"reason": f"no figure from {', '.join(missing)}", **details}
     return "passed", details
 
 
@@ -480,17 +766,28 @@ def step_eval(check: Check):
 # Summary
 # ---------------------------------------------------------------------------------------------
 
+ROW_HEADER = ("| env | GPU | cores | configuration | frames trained/s | pure simulation | share | pure simulation, "
+              "cut episodes | share | Sample Factory | ours/SF | score |")
+
+
 def gpu_row(results: dict[str, dict], args) -> str | None:
-    """The GPU throughput row (README and docs/scaling.md): card, cores, configuration, FPS, pure simulation, share, score."""
-    machine, train, bench = results.get("machine", {}), results.get("train", {}), results.get("throughput", {})
+    """The GPU throughput row (docs/gpu.md): card, cores, configuration, ours, pure simulation of
+    both kinds and Sample Factory, each ratio, and the train step's score."""
+    machine, train, bench = results.get("machine", {}), results.get("train", {}), results.get("doom_1pw", {})
     if bench.get("status") != "passed":
         return None
     card = machine.get("gpu") or "no GPU (dry run)"
     cores, workers, envs = machine.get("cores"), args.num_workers, args.num_envs_per_worker
     score = train.get("score")
-    return (f"| doom_basic | {card} | {cores} | {workers}x{envs} envs, batch 512, --device {args.device} | "
-            f"{bench['ours_fps']:,.0f} | {bench['pure_sim_fps']:,.0f} | {bench['ours_over_pure_sim']:.2f} | "
-            f"{bench['ceiling_fps']:,.0f} | "
+
+    def cell(key, ratio=False):
+        value = bench.get(key)
+        return "-" if value is None else f"{value:.2f}" if ratio else f"{value:,.0f}"
+
+    return (f"| doom_basic | {card} | {cores} | {workers}x{envs} envs, batch 512, 1 policy worker, --device "
+            f"{args.device} | {cell('ours_fps')} | {cell('pure_sim_fps')} | {cell('ours_over_pure_sim', True)} | "
+            f"{cell('pure_episodes_fps')} | {cell('ours_over_pure_episodes', True)} | {cell('sf_fps')} | "
+            f"{cell('ours_over_sf', True)} | "
             f"{'-' if score is None else f'{score:.1f}'} after {train.get('frames_trained', 0):,} frames |")
 
 
@@ -522,8 +819,7 @@ def write_summary(check: Check) -> str:
         lines.append(f"| {result['step']} | {result['status']} | {result['seconds']:.0f} | "
                      f"{json.dumps(found, default=str)[:600].replace('|', '/')} |")
     if summary["row"]:
-        lines += ["", "| env | GPU | cores | configuration | frames trained/s | pure simulation | share | ceiling "
-                      "| score |", "|---|---|---|---|---|---|---|---|---|", summary["row"]]
+        lines += ["", ROW_HEADER, "|---" * ROW_HEADER.count(" | ") + "|---|", summary["row"]]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
@@ -539,12 +835,21 @@ def run(args) -> int:
         check.step("packages", lambda: step_packages(check))
         check.step("machine", lambda: step_machine(check))
         check.step("build", lambda: step_build(check), needs=("machine",))
+        check.step("sample_factory", lambda: step_sample_factory(check))
         ready = ("machine", "build")
+        # the quick steps: does the GPU path work at all
         check.step("cuda_tests", lambda: step_cuda_tests(check), needs=ready)
         check.step("train", lambda: step_train(check), needs=ready)
-        check.step("throughput", lambda: step_throughput(check), needs=ready)
         check.step("sigkill", lambda: step_sigkill(check), needs=ready)
         check.step("eval", lambda: step_eval(check), needs=ready)  # plays the train step's checkpoint
+        # where a step's time goes, then throughput: the trainers' legs alternate, ours then Sample Factory
+        check.step("micro_policy", lambda: step_micro_policy(check), needs=ready)
+        check.step("micro_learner", lambda: step_micro_learner(check), needs=ready)
+        for name, env_name, workers in (("doom_1pw", "doom_basic", 1), ("doom_2pw", "doom_basic", 2),
+                                        ("atari", "atari_breakout", 1)):
+            legs = bench_legs(check, env_name, workers)[0]
+            check.step(name, lambda: step_bench(check, env_name, workers), needs=ready,
+                       expected_s=bench_seconds(args, legs))
     finally:
         text = write_summary(check)
         check.log.close()

@@ -61,6 +61,78 @@ def test_sample_factory_is_given_the_sgd_work_our_learner_does_on_a_batch(env_na
     assert last_value("--async_rl") == asynchronous and last_value("--rollout") == "32"
 
 
+def bench_args(**overrides):
+    args = dict(env="doom_basic", num_workers=2, worker_num_splits=2, batch_size=512, rollout=32,
+                sf_python="sf-python", trainer_flags=[], policy_workers_per_policy=None, inference_batch=None)
+    return types.SimpleNamespace(**{**args, **overrides})
+
+
+def last_value(command, flag):  # what an argparse parser keeps of a repeated flag
+    return command[len(command) - 1 - command[::-1].index(flag) + 1]
+
+
+@pytest.mark.parametrize("trainer_flags, device", [([], "cpu"), (["--device", "cpu"], "cpu"),
+                                                   (["--device", "cuda"], "gpu"), (["--device", "gpu"], "gpu")])
+def test_sample_factory_runs_on_the_gpu_exactly_when_ours_does(trainer_flags, device):
+    if not trainer_flags and appo.parse_args([]).device != "cpu":
+        pytest.skip("appo.py's --device auto picks the GPU here")
+    args = bench_args(trainer_flags=trainer_flags)
+    command = bench.sample_factory_command(args, bench.trainer_config(args, 8), "/tmp/sf-train-dir")
+    assert command.count("--device") == 1 and last_value(command, "--device") == device
+
+
+@pytest.mark.parametrize("bench_flag, trainer_flags, workers", [(None, [], "1"), (2, [], "2"),
+                                                                (None, ["--policy_workers_per_policy", "3"], "3")])
+def test_both_trainers_get_the_same_number_of_policy_workers(bench_flag, trainer_flags, workers):
+    args = bench_args(policy_workers_per_policy=bench_flag, trainer_flags=trainer_flags)
+    flags = bench.trainer_config(args, 8)
+    sf = bench.sample_factory_command(args, flags, "/tmp/sf-train-dir")
+    assert last_value(sf, "--policy_workers_per_policy") == workers  # Sample Factory 2.1.1's flag of that name
+    assert "--num_policy_workers" not in sf  # (Sample Factory 1's name, which 2.1.1 refuses)
+    ours = bench.ours_command(args, flags, "/tmp/train-dir", 10.0)
+    assert appo.parse_args(ours[2:]).policy_workers_per_policy == int(workers)  # what appo.py would run with
+
+
+def test_the_pure_episodes_leg_cuts_every_episode_at_the_given_frames():
+    assert bench.episode_steps(24, 4) == 6 and bench.episode_steps(2, 4) == 1 and bench.episode_steps(None, 4) is None
+
+    class Env:  # ends an episode by itself every 10 steps
+        action_space = types.SimpleNamespace(sample=lambda: 0)
+
+        def __init__(self):
+            self.steps, self.resets = 0, 0
+
+        def step(self, action):
+            self.steps += 1
+            return None, 0.0, self.steps % 10 == 0, False, {}
+
+        def reset(self):
+            self.resets += 1
+
+    env = Env()
+    began = [bench.step_randomly(env, 1) for _ in range(10)]
+    assert began == [False] * 9 + [True] and env.resets == 1  # uncut: the env's own end
+    assert bench.step_randomly(env, 1, cut=True) and env.resets == 2  # cut: a new episode although not done
+
+
+def test_the_legs_gpu_time_runs_after_ours_and_the_old_name_is_refused_as_a_bound(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["bench", "--legs", "ceiling,ours,pure"])
+    args = bench.parse_args()
+    assert args.legs == ["ours", "pure", "gpu_time"] and "now gpu_time" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["bench", "--legs", "pure_episodes"])
+    with pytest.raises(SystemExit):  # the cut length must be given
+        bench.parse_args()
+
+
+def test_gpu_time_times_the_batch_ours_formed_unless_one_is_given():
+    ours_runs = [{"fps": 1.0, "inference_batch": 37}, {"fps": 1.0, "inference_batch": 41}, {"fps": 1.0}]
+    assert bench.gpu_time_batch(bench_args(), ours_runs) == (39, "the ours leg's mean inference batch")
+    assert bench.gpu_time_batch(bench_args(inference_batch=64), ours_runs) == (64, "--inference_batch")
+    assert bench.gpu_time_batch(bench_args(), [{"fps": 1.0}]) == (None, "")
+    line = "[     30s] frames 1,000 | busy env 50% inference 97% learner 70% | inference batch 38 wait 10% forward 60%"
+    assert bench.OURS_BATCH.search(line).group(1) == "38"
+
+
 def test_fps_is_the_rate_over_the_whole_span_not_a_median_of_batch_quantised_windows():
     # Sample Factory's totals on Atari at batch 1024: 4,096 frames a batch, three or two batches a window
     points = [(0.0, 0), (10.0, 12_288), (20.0, 24_576), (30.0, 32_768), (40.0, 45_056)]
@@ -80,23 +152,27 @@ def test_steady_windows_report_the_median_and_the_worst_window():
 
 
 @pytest.mark.slow
-def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
+def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     tag = uuid.uuid4().hex
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "doom_basic",
                "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1",
-               "--batch_size", "128", "--rollout", "16", "--legs", "pure,ceiling,ours,ours_fp32",
-               "--seconds", "4", "--warmup", "0", "--report_every", "2", "--json",
+               "--batch_size", "128", "--rollout", "16", "--legs", "pure,pure_episodes,gpu_time,ours,ours_fp32",
+               "--pure_episode_frames", "24", "--seconds", "4", "--warmup", "0", "--report_every", "2", "--json",
                "--out", str(tmp_path / "result.json")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                             env={**os.environ, "BENCH_TEST_TAG": tag})
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)
     assert figures["env"] == "doom_basic" and figures["num_envs"] == 2 and figures["sf_fps"] is None
-    assert figures["pure_sim_fps"] > 0 and figures["ceiling_fps"] > 0 and figures["ours_fps"] > 0
+    assert figures["pure_sim_fps"] > 0 and figures["pure_episodes_fps"] > 0 and figures["ours_fps"] > 0
     assert figures["ours_fp32_fps"] > 0 and figures["ours_fp32_over_sf"] is None  # no SF leg here
     assert figures["ours_over_pure_sim"] == pytest.approx(figures["ours_fps"] / figures["pure_sim_fps"])
-    ceiling = figures["runs"]["ceiling"][0]
-    assert ceiling["env_ms_per_step"] > 0 and ceiling["learner_ms_per_sample"] > 0
+    assert figures["runs"]["pure_episodes"][0]["episode_frames"] == 24
+    assert list(figures["runs"])[-1] == "gpu_time"  # run after ours, whose batch it times
+    gpu_time = figures["runs"]["gpu_time"][0]
+    assert gpu_time["fps"] is None  # the stages apart, never one bound
+    assert gpu_time["inference_wall_ms_per_batch"] > 0 and gpu_time["learner_wall_ms_per_step"] > 0
+    assert gpu_time["inference_event_ms_per_batch"] is None and gpu_time["learner_syncs_per_step"] is None  # CPU
     ours = figures["runs"]["ours"][0]
     assert set(ours["busy_percent"]) == {"env", "inference", "learner"}
     assert processes_tagged(tag) == []  # and conftest checks /dev/shm
@@ -106,6 +182,7 @@ def test_pure_sim_ceiling_and_our_trainer_on_doom_basic(tmp_path):
     report = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--report",
                              str(tmp_path / "result.json")], capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and "doom_basic" in report.stdout and "# commit:" in report.stdout, report.stderr
+    assert "gpu_time on cpu: forward at batch" in report.stdout, report.stdout
 
 
 def test_random_steps_drive_a_multi_agent_env_to_its_next_match():

@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import types
+import zipfile
 
 import pytest
 import torch
@@ -36,12 +38,15 @@ def test_without_a_gpu_a_cuda_check_fails_at_the_machine_step_says_why_and_skips
         pytest.skip("this machine has a GPU")
     out = tmp_path / "out"
     result = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "gpu_check.py"), "run", "--device", "cuda",
-                             "--out", str(out), "--wheels", str(tmp_path / "no_wheels")],
+                             "--out", str(out), "--wheels", str(tmp_path / "no_wheels"),
+                             "--pack", str(tmp_path / "no_pack.tar.xz"), "--sf_wheels", str(tmp_path / "no_sf_wheels")],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     steps = {step["step"]: step for step in json.loads((out / "summary.json").read_text())["steps"]}
-    assert list(steps) == ["packages", "machine", "build", *gpu_check.STEPS]
+    assert list(steps) == [*gpu_check.ALWAYS, *gpu_check.STEPS]
     assert steps["packages"]["status"] == "skipped" and "no wheels" in steps["packages"]["reason"]
+    assert steps["sample_factory"]["status"] == "skipped"
+    assert "no Sample Factory wheels" in steps["sample_factory"]["reason"]
     assert steps["machine"]["status"] == "failed" and "torch sees no GPU" in steps["machine"]["reason"]
     for name in ["build", *gpu_check.STEPS]:
         assert steps[name]["status"] == "skipped" and "machine" in steps[name]["reason"], name
@@ -53,3 +58,88 @@ def test_unknown_steps_are_refused_by_name():
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["run", "--out", "x", "--steps", "train,trian"])
     assert gpu_check.parse_args(["run", "--out", "x", "--steps", "eval"]).steps == ["eval"]
+
+
+def test_the_sample_factory_wrapper_runs_this_python_with_only_its_packages_on_the_path(tmp_path):
+    site = tmp_path / "sf site"  # a space: the path is quoted
+    site.mkdir()
+    (site / "only_in_sf_site.py").write_text("WHERE = 'sf site'\n")
+    wrapper = gpu_check.write_sf_wrapper(str(tmp_path / "sf_python"), str(site), sys.executable)
+    assert os.access(wrapper, os.X_OK)
+    result = subprocess.run([wrapper, "-c", "import json, sys, only_in_sf_site; print(json.dumps(sys.path))"],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "/elsewhere"}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    path = json.loads(result.stdout)
+    assert path[1] == str(site) and "/elsewhere" not in path  # first, and ours (numpy 2, gymnasium 1) not at all
+
+
+def test_the_pack_carries_both_wheel_folders_with_their_wheels_uncompressed_inside(tmp_path):
+    folders = {"whl": tmp_path / "whl", "whl-sf": tmp_path / "whl-sf"}
+    for name, folder in folders.items():
+        folder.mkdir()
+        with zipfile.ZipFile(folder / f"{name}_pkg-1.0-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as wheel:
+            wheel.writestr("pkg/__init__.py", "x = 1\n" * 1000)
+            wheel.writestr("pkg-1.0.dist-info/RECORD", "")
+    (folders["whl"] / "appo_ipc.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF module")
+    pack = tmp_path / "pack" / "wheels.tar.xz"
+    gpu_check.pack({name: str(folder) for name, folder in folders.items()}, str(pack))
+    unpacked = gpu_check.unpack(str(pack), str(tmp_path / "unpacked"))
+    assert set(unpacked) == {"whl", "whl-sf"}
+    assert sorted(os.listdir(unpacked["whl"])) == ["appo_ipc.cpython-312-x86_64-linux-gnu.so",
+                                                   "whl_pkg-1.0-py3-none-any.whl"]
+    with zipfile.ZipFile(os.path.join(unpacked["whl-sf"], "whl-sf_pkg-1.0-py3-none-any.whl")) as wheel:
+        assert wheel.read("pkg/__init__.py") == b"x = 1\n" * 1000
+        assert {info.compress_type for info in wheel.infolist()} == {zipfile.ZIP_STORED}
+
+
+def fake_check(tmp_path, episode_frames=None, sf_python=None, device="cuda", deadline_s=480.0):
+    args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", device,
+                                 "--num_workers", "14", "--deadline_s", str(deadline_s)])
+    return types.SimpleNamespace(args=args, episode_frames=episode_frames, sf_python=sf_python,
+                                 sf_missing=None if sf_python else "no Sample Factory wheels in x and no --sf_python")
+
+
+def test_the_bench_steps_legs_and_their_command_lines(tmp_path):
+    check = fake_check(tmp_path, episode_frames=24, sf_python="/w/sf_python")
+    assert gpu_check.bench_legs(check, "doom_basic", 1) == (["pure", "pure_episodes", "ours", "sf", "gpu_time"], {})
+    assert gpu_check.bench_legs(check, "doom_basic", 2) == (["ours", "sf"], {})  # pure simulation once
+    assert gpu_check.bench_legs(check, "atari_breakout", 1) == (["pure", "ours", "sf"], {})
+    command = gpu_check.bench_command(check, "doom_basic", ["pure", "pure_episodes", "ours", "sf"], 2)
+    flags = {flag: command[i + 1] for i, flag in enumerate(command[:-1]) if flag.startswith("--")}
+    assert flags["--policy_workers_per_policy"] == "2" and flags["--pure_episode_frames"] == "24"
+    assert flags["--sf_python"] == "/w/sf_python" and flags["--num_workers"] == "14"
+    assert command[-3:] == ["--", "--device", "cuda"]
+    bare = fake_check(tmp_path)
+    legs, left_out = gpu_check.bench_legs(bare, "doom_basic", 1)
+    assert legs == ["pure", "ours", "gpu_time"]
+    assert "no episode length" in left_out["pure_episodes"] and "no Sample Factory wheels" in left_out["sf"]
+    assert "--sf_python" not in gpu_check.bench_command(bare, "doom_basic", legs, 1)
+
+
+def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
+    args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", "cpu", "--deadline_s", "100"])
+    check = gpu_check.Check(args)
+    try:
+        ran = []
+        check.step("atari", lambda: ran.append(1) or ("passed", {}), expected_s=170)
+        check.step("doom_2pw", lambda: ran.append(2) or ("passed", {}), expected_s=150)
+    finally:
+        check.log.close()
+    assert ran == [2]  # 150 s ends within a minute of the deadline; 170 s would not
+    assert check.results[0]["status"] == "skipped" and "expected to take about 170 s" in check.results[0]["reason"]
+
+
+def test_the_check_reads_the_eval_length_and_the_scripts_json():
+    line = "mean return 80.40 +- 6.31 over 5 games; mean length 1,024 env frames"
+    assert gpu_check.EVAL_LENGTH.search(line).group(1) == "1,024" and gpu_check.EVAL_RETURN.search(line)
+    output = 'loading...\n{\n "a": 1,\n "b": {"c": 2}\n}\nwarning: left running\n'
+    assert gpu_check.json_in(output) == {"a": 1, "b": {"c": 2}} and gpu_check.json_in("no json") is None
+
+
+def test_the_learner_micro_benchmark_times_doom_basics_batch_on_the_gpu_and_one_step_in_a_dry_run(tmp_path):
+    on_gpu = gpu_check.learner_command(fake_check(tmp_path))
+    flags = {flag: on_gpu[i + 1] for i, flag in enumerate(on_gpu[:-1]) if flag.startswith("--")}
+    assert flags["--env"] == "doom_basic" and flags["--batch_size"] == "512" and flags["--rollout"] == "32"
+    assert flags["--device"] == "cuda" and flags["--seconds"] == "5"
+    dry = gpu_check.learner_command(fake_check(tmp_path, device="cpu"))
+    assert dry[dry.index("--min_steps") + 1] == "1" and "--seconds" in dry

@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""The learner's step alone: milliseconds per `Learner.train_step` of the wall clock and of the
+GPU, and the host synchronisations in one step, on an env's own model.
+
+    python scripts/bench_learner.py --device cuda                  # doom_basic, batch 512, rollout 32
+    python scripts/bench_learner.py --device cpu --seconds 2 --json
+
+The batch comes from shared rollout slots filled with random data and goes through
+`Learner.take_batch`, as in training; every step after the warm-up trains on that same batch.
+Reported:
+
+  wall_ms_per_step     the wall clock over many steps, divided by their number (on a GPU the
+                       queue is drained once at the end, not after each step, as in training)
+  take_batch_ms        one take_batch (slots to the learner's device), wall clock
+  event_ms_per_step    (GPU) CUDA events around each step: the span of the GPU stream from the
+                       step's first launch to its last kernel's end, idle gaps included
+  kernel_ms_per_step   (GPU) the summed duration of the step's kernels (torch.profiler): the time
+                       the GPU computed. wall >> kernel means launch and wait overhead
+  syncs_per_step       (GPU) host synchronisations in one step, as torch.cuda.set_sync_debug_mode
+                       ("warn") reports them; with and without statistics where train_step takes
+                       `report` (a report is due about once a second in training)
+
+On the CPU only the wall-clock figures exist; the others are null with the reason.
+"""
+import argparse
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+import types
+import warnings
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import appo  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--env", default="doom_basic", help="env whose model and spaces are used")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--batch_size", type=int, default=512, help="samples per SGD step")
+    parser.add_argument("--rollout", type=int, default=32, help="steps per trajectory")
+    parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds of steps (at least --min_steps)")
+    parser.add_argument("--min_steps", type=int, default=5, help="timed steps at least")
+    parser.add_argument("--warmup_steps", type=int, default=3, help="untimed steps first (cuDNN tuning, allocator)")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument("trainer_flags", nargs="*", help="after --: more appo.py flags (model, precision)")
+    return parser.parse_args(argv)
+
+
+def make_learner(cfg, spaces_pair, reward_shaping):
+    """A Learner with the shared objects train_step touches: one batch of slots, the published
+    weights (on the GPU with --device cuda, as create_shared makes them), the run's counters."""
+    slots_per_batch = appo.trajectories_per_batch(cfg)
+    specs = appo.rollout_buffer_specs(*spaces_pair, cfg)
+    slots = appo.RolloutSlots(specs, num_slots=slots_per_batch, rollout=cfg.rollout, num_workers=1, num_splits=1)
+    device = torch.device(cfg.device)
+    weights = appo.SharedWeights(appo.ActorCritic(*spaces_pair, cfg), device=device if device.type == "cuda" else None)
+    run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
+    shared = types.SimpleNamespace(slots=slots, weights=[weights], run=run,
+                                   hyperparams=appo.PolicyHyperparams(cfg, reward_shaping))
+    return appo.Learner(0, cfg, shared, spaces_pair), slots
+
+
+def fill_randomly(slots, model, seed: int = 0):
+    """Random observations and actions the action heads can take; every step valid, few episode ends."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors = slots.tensors
+    for key in model.encoders:
+        if tensors[key].dtype == torch.uint8:
+            tensors[key].copy_(torch.randint(0, 256, tensors[key].shape, dtype=torch.uint8, generator=generator))
+        else:
+            tensors[key].copy_(torch.randn(tensors[key].shape, generator=generator))
+    for head, size in enumerate(model.action_dist.head_sizes):
+        tensors["actions"][..., head].copy_(torch.randint(0, size, tensors["actions"].shape[:2], generator=generator))
+    tensors["log_prob"].fill_(-1.0)
+    tensors["reward"].copy_(torch.randn(tensors["reward"].shape, generator=generator))
+    tensors["done"].copy_((torch.rand(tensors["done"].shape, generator=generator) < 0.01).to(tensors["done"].dtype))
+    tensors["valid"].fill_(1.0)
+
+
+def step_function(learner):
+    """train_step as training calls it when no report is due, where it takes `report`."""
+    if "report" in inspect.signature(learner.train_step).parameters:
+        return (lambda batch: learner.train_step(batch, report=False)), (lambda batch: learner.train_step(batch, report=True))
+    return learner.train_step, None
+
+
+def count_syncs(function) -> int:
+    """Host synchronisations torch's sync debug mode warns about during one call."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            function()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(warning.message) for warning in caught)
+
+
+def kernel_ms(function, calls: int) -> float:
+    """Milliseconds of GPU kernels per call, from torch.profiler's self device times."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        for _ in range(calls):
+            function()
+        torch.cuda.synchronize()
+    total_us = 0.0
+    for event in profiler.key_averages():
+        total_us += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+    return total_us / 1e3 / calls
+
+
+def time_calls(function, seconds: float, min_calls: int, cuda: bool) -> dict:
+    """Wall-clock ms per call over many calls (on a GPU the queue is drained once, at the end) and,
+    on a GPU, the mean ms between CUDA events recorded around each call."""
+    if cuda:
+        torch.cuda.synchronize()
+    events, calls, started = [], 0, time.perf_counter()
+    while calls < min_calls or time.perf_counter() - started < seconds:
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        function()
+        if cuda:
+            end.record()
+            events.append((begin, end))
+        calls += 1
+    if cuda:
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - started
+    return {"calls": calls, "wall_ms": wall / calls * 1e3,
+            "event_ms": float(np.mean([begin.elapsed_time(end) for begin, end in events])) if cuda else None}
+
+
+def time_train_step(cfg, spaces_pair, reward_shaping, seconds: float, min_steps: int = 5,
+                    warmup_steps: int = 3) -> dict:
+    """train_step on cfg's model and batch: the figures of the module docstring."""
+    cuda = torch.device(cfg.device).type == "cuda"
+    result = {}
+    with tempfile.TemporaryDirectory() as train_dir:
+        cfg.train_dir = train_dir  # nothing to resume
+        learner, slots = make_learner(cfg, spaces_pair, reward_shaping)
+        fill_randomly(slots, learner.model)
+        taken = [slots.control.acquire(0, timeout=1.0) for _ in range(appo.trajectories_per_batch(cfg))]
+        started = time.perf_counter()
+        batch = learner.take_batch(taken)
+        if cuda:
+            torch.cuda.synchronize()
+        result["take_batch_ms"] = (time.perf_counter() - started) * 1e3
+        quiet_step, reporting_step = step_function(learner)
+        for _ in range(warmup_steps):
+            quiet_step(batch)
+        timed = time_calls(lambda: quiet_step(batch), seconds, min_steps, cuda)
+        result.update(steps=timed["calls"], wall_ms_per_step=timed["wall_ms"], event_ms_per_step=timed["event_ms"],
+                      report_argument=reporting_step is not None)
+        if cuda:
+            try:
+                result["kernel_ms_per_step"] = kernel_ms(lambda: quiet_step(batch), calls=min(timed["calls"], 5))
+            except Exception as error:  # the profiler may be unavailable; the rest stands
+                result["kernel_ms_per_step"], result["kernel_ms_error"] = None, f"{type(error).__name__}: {error}"
+            result["syncs_per_step"] = count_syncs(lambda: quiet_step(batch))
+            result["syncs_per_step_with_report"] = (count_syncs(lambda: reporting_step(batch))
+                                                    if reporting_step else None)
+        else:
+            result.update(kernel_ms_per_step=None, syncs_per_step=None, syncs_per_step_with_report=None,
+                          gpu_figures="no GPU: --device cpu")
+    return result
+
+
+def measure(args) -> dict:
+    flags = ["--env", args.env, "--device", args.device, "--batch_size", str(args.batch_size),
+             "--rollout", str(args.rollout), *args.trainer_flags]
+    cfg = appo.parse_args(flags)
+    cuda = torch.device(cfg.device).type == "cuda"
+    probe = appo.probe_env(cfg)
+    result = {"env": args.env, "device": cfg.device, "batch_size": cfg.batch_size, "rollout": cfg.rollout,
+              "sgd_steps_per_train_step": cfg.num_epochs * cfg.num_batches_per_epoch,
+              "encoder_dtype": cfg.encoder_dtype, "torch": torch.__version__,
+              "gpu": torch.cuda.get_device_name(0) if cuda else None}
+    result.update(time_train_step(cfg, probe.spaces, probe.reward_shaping, args.seconds, args.min_steps,
+                                  args.warmup_steps))
+    return result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch sees no GPU (use --device cpu)")
+    result = measure(args)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {round(value, 3) if isinstance(value, float) else value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
