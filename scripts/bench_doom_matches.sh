@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Throughput of the Doom match envs (README table): pure simulation with random actions, the
-# compute ceiling and our trainer, 16 agents each (2 workers; 8 envs of one agent, or 4 duels).
+# the GPU-time leg and our trainer, 16 agents each (2 workers; 8 envs of one agent, or 4 duels).
 #   scripts/bench_doom_matches.sh                 # doom_duel_bots, doom_duel, doom_deathmatch_bots
 #   ENVS=doom_deathmatch_full REPEATS=1 scripts/bench_doom_matches.sh
 # Frames count every agent's frames at the envs' default frameskip (2).
@@ -18,5 +18,5 @@ for env in $ENVS; do
     doom_deathmatch_full) envs_per_worker=2 ;; # 4 agents per env
   esac
   python scripts/bench_throughput.py --env "$env" --num_envs_per_worker "$envs_per_worker" \
-    --legs pure,ceiling,ours --repeats "$REPEATS" --seconds "$SECONDS_PER_LEG" "$@"
+    --legs pure,ours,gpu_time --repeats "$REPEATS" --seconds "$SECONDS_PER_LEG" "$@"
 done

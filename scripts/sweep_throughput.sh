@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training FPS against the number of envs (the paper's Figure 3) for one or more envs:
-# pure simulation, compute ceiling, ours and (with SF_PYTHON) Sample Factory at each size.
+# pure simulation, ours, the GPU-time leg and (with SF_PYTHON) Sample Factory at each size.
 #   scripts/sweep_throughput.sh                                   # doom_basic, 2 workers x 2..16 envs
 #   ENVS="doom_basic atari_breakout" SF_PYTHON=.venv-sf/bin/python scripts/sweep_throughput.sh
 # Writes docs/fps_<env>.png and docs/fps_<env>.json.
