@@ -25,7 +25,9 @@ To fork: search for "ALGO LOGIC" (the model and the loss) and "ENV HOOK" (where 
 from __future__ import annotations
 
 import argparse
+import array
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import glob
@@ -1591,7 +1593,7 @@ class Shared:
     slots: RolloutSlots
     weights: list[SharedWeights]           # per policy
     hyperparams: PolicyHyperparams         # per policy; population-based training changes them
-    request_queues: list[appo_ipc.Queue]   # per policy: (worker, split, split generation, slot, step) to act on
+    request_queues: list[appo_ipc.Queue]   # per policy: action_request messages, one a split
     learner_queues: list[appo_ipc.Queue]   # per policy: (slot, slot generation, worker) of finished trajectories
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
@@ -1802,6 +1804,13 @@ class Actor:
         self.handed_version = version
 
 
+def action_request(worker: int, split: int, generation: int, actors: list[Actor]) -> tuple[int, ...]:
+    """One message asks for the actions of every actor of a split that one policy acts for:
+    (worker, split, generation, slot, step, slot, step, ...). The queue and the policy worker pay
+    their per-message costs once a split, not once an actor (Sample Factory's way too)."""
+    return (worker, split, generation, *itertools.chain.from_iterable((actor.slot, actor.step) for actor in actors))
+
+
 class SyncGate:
     """--no-async_rl for one rollout worker: once every actor of a split has handed off its share
     of a batch (rollouts_per_batch rollouts, acted by the latest weights), the split is parked,
@@ -1964,10 +1973,9 @@ class RolloutWorker:
         generation = self.slots.control.set_pending(self.worker_id, split, len(actors))
         by_policy = {}
         for actor in actors:
-            by_policy.setdefault(actor.policy_id, []).append(
-                (self.worker_id, split, generation, actor.slot, actor.step))
-        for policy_id, requests in by_policy.items():
-            self.shared.request_queues[policy_id].put_many(requests)
+            by_policy.setdefault(actor.policy_id, []).append(actor)
+        for policy_id, policy_actors in by_policy.items():
+            self.shared.request_queues[policy_id].put(action_request(self.worker_id, split, generation, policy_actors))
 
     def reset_all(self):
         for actor in self.actors:
@@ -2172,18 +2180,90 @@ def leave_nothing_behind(runner: int, run: RunState):
 # PLUMBING: policy worker: batched inference for one policy; stateless (RNN states live in the slots)
 # =============================================================================================
 
+class ActionRequests:
+    """A batch of action_request messages: per message its (worker, split, generation) and how many
+    of its actors are in the batch; per actor its worker, split, generation and slot, and its row
+    in the slot fields viewed as rows [num_slots * (T+1), ...]. Python lists, not arrays: a batch is
+    tens of actors, and each numpy call costs more than a list comprehension over them."""
+
+    def __init__(self, messages: list[tuple[int, ...]], steps_per_slot: int):
+        self.heads = [message[:3] for message in messages]
+        self.counts = [(len(message) - 3) // 2 for message in messages]
+        self.workers, self.splits, self.generations = (
+            [head[i] for head, count in zip(self.heads, self.counts) for _ in range(count)] for i in range(3))
+        self.slots = [slot for message in messages for slot in message[3::2]]
+        rows = array.array("q", [slot * steps_per_slot + step for message in messages
+                                 for slot, step in zip(message[3::2], message[4::2])])
+        # frombuffer: cheaper than torch.tensor(list); it refuses an empty buffer
+        self.rows = torch.frombuffer(rows, dtype=torch.long) if rows else torch.empty(0, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def without(self, stale: list[int]) -> tuple["ActionRequests", torch.Tensor]:
+        """These requests less the `stale` ones (indices), and the indices of those kept."""
+        dropped = set(stale)
+        kept = [i for i in range(len(self)) if i not in dropped]
+        subset = copy.copy(self)
+        for name in ("workers", "splits", "generations", "slots"):
+            setattr(subset, name, [getattr(self, name)[i] for i in kept])
+        message = [index for index, count in enumerate(self.counts) for _ in range(count)]
+        subset.counts = [0] * len(self.counts)
+        for i in kept:
+            subset.counts[message[i]] += 1
+        kept = torch.tensor(kept, dtype=torch.long)
+        subset.rows = self.rows[kept]
+        return subset, kept
+
+
 class PolicyWorker:
-    """Batched inference for one policy: acts on (worker, split, generation, slot, step) requests
-    by reading the observations and RNN states in the slots and writing actions, log-probs, values
-    and next states back, then tells each split how many of its actors got their actions."""
+    """Batched inference for one policy: acts on requests (action_request: one message a split) by
+    reading the observations and RNN states in the slots and writing actions, log-probs, values
+    and next states back, then tells each split how many of its actors got their actions.
+
+    A batch costs a fixed number of library calls whatever its size: one check of all its requests
+    before the forward pass and one after, one index_select per input into staging buffers made
+    once, and one index_copy_ per output. On a GPU the staging buffers are pinned, each input goes
+    over in one non-blocking copy, and the outputs come back packed: one copy, one wait."""
+
+    OUTPUTS = ("actions", "log_prob", "value", "rnn_state")  # act()'s outputs, as the slot fields they go to
 
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
         self.device = torch.device(cfg.device)
+        self.on_gpu = self.device.type == "cuda"
         self.model = ActorCritic(*spaces_pair, cfg).to(self.device).eval().keep_encoder_in_compute_dtype()
         self.weights, self.requests = shared.weights[policy_id], shared.request_queues[policy_id]
-        self.tensors, self.control = shared.slots.tensors, shared.slots.control
+        self.control = shared.slots.control
         self.obs_keys = list(self.model.encoders)
+        self.steps_per_slot = shared.slots.rollout + 1
+        # every slot field as rows [num_slots * (T+1), ...]: a request is one row, so a batch is one index
+        self.rows = {name: tensor.flatten(0, 1) for name, tensor in shared.slots.tensors.items()}
+        self.next_states = self.rows["rnn_state"][1:]  # row i here is row i + 1 there: the state after row i
+        self.make_buffers(shared.slots.num_slots)  # a slot has one standing request at most
         self.version = -1
+
+    def make_buffers(self, capacity: int):
+        self.capacity = capacity
+        self.host_inputs = {key: torch.empty((capacity, *self.rows[key].shape[1:]), dtype=self.rows[key].dtype,
+                                             pin_memory=self.on_gpu) for key in self.obs_keys + ["rnn_state"]}
+        self.inputs = self.host_inputs  # on the CPU the model reads the staging buffers themselves
+        self.batch_views = {}  # batch size -> (field rows, host staging, device input) per input
+        if self.on_gpu:
+            self.inputs = {key: torch.empty_like(tensor, device=self.device) for key, tensor in self.host_inputs.items()}
+            self.device_outputs, self.device_output_views = self.packed_outputs(capacity, self.device)
+            self.host_outputs, self.host_output_views = self.packed_outputs(capacity, torch.device("cpu"), pin=True)
+            self.outputs_copied = torch.cuda.Event()
+
+    def packed_outputs(self, capacity: int, device: torch.device, pin: bool = False):
+        """One byte buffer [capacity, bytes a row] for all of act()'s outputs, and a view of it per
+        output in that output's dtype and shape. Each output's columns start at a multiple of 8
+        bytes, which view(dtype) needs."""
+        widths = [self.rows[name][0].numel() * self.rows[name].element_size() for name in self.OUTPUTS]
+        starts = np.cumsum([0] + [(width + 7) // 8 * 8 for width in widths]).tolist()
+        packed = torch.empty((capacity, starts[-1]), dtype=torch.uint8, device=device, pin_memory=pin)
+        fields = [self.rows[name] for name in self.OUTPUTS]
+        return packed, [packed[:, start:start + width].view(field.dtype).view(capacity, *field.shape[1:])
+                        for field, start, width in zip(fields, starts, widths)]
 
     def load_latest_weights(self):
         if self.weights.version != self.version:
@@ -2191,35 +2271,74 @@ class PolicyWorker:
             if loaded is not None:
                 self.version = loaded
 
-    def current(self, requests: list[tuple[int, int, int, int, int]]) -> list[bool]:
-        """Which requests still stand: their worker owns the slot (one that died no longer does:
-        the runner reclaimed its slots) and has not asked for that split again since."""
-        return [self.control.owner(slot) == worker and self.control.split_generation(worker, split) == generation
-                for worker, split, generation, slot, _ in requests]
+    def stale(self, requests: ActionRequests) -> list[int]:
+        """The requests that no longer stand: their worker does not own the slot (one that died no
+        longer does: the runner reclaimed its slots) or has asked for that split again since."""
+        return self.control.stale(requests.workers, requests.splits, requests.generations, requests.slots)
 
-    def act_on(self, requests: list[tuple[int, int, int, int, int]]):
-        requests = [request for request, standing in zip(requests, self.current(requests)) if standing]
-        if not requests:
+    def act_on(self, messages: list[tuple[int, ...]]):
+        requests = ActionRequests(messages, self.steps_per_slot)
+        stale = self.stale(requests)
+        if stale:
+            requests, _ = requests.without(stale)
+        if len(requests) == 0:
             return
-        tensors, device = self.tensors, self.device
-        obs_index = torch.as_tensor([(slot, step) for *_, slot, step in requests], dtype=torch.long)
-        slot_ids, steps = obs_index[:, 0], obs_index[:, 1]
-        obs = {key: tensors[key][slot_ids, steps].to(device) for key in self.obs_keys}
-        outputs = [t.cpu() for t in act(self.model, obs, tensors["rnn_state"][slot_ids, steps].to(device))]
+        obs, rnn_state = self.gather(requests.rows)
+        outputs = act(self.model, obs, rnn_state)
+        if self.on_gpu:
+            outputs = self.to_host(outputs)
         # Checked again just before writing: a request that went stale during inference must not
         # overwrite what its split's new answer wrote (that window stays, a few instructions wide).
-        standing = self.current(requests)
-        if not all(standing):
-            keep = torch.as_tensor(standing)
-            requests = [request for request, kept in zip(requests, standing) if kept]
-            slot_ids, steps, outputs = slot_ids[keep], steps[keep], [t[keep] for t in outputs]
-        actions, log_probs, values, next_state = outputs
-        tensors["actions"][slot_ids, steps] = actions
-        tensors["log_prob"][slot_ids, steps] = log_probs
-        tensors["value"][slot_ids, steps] = values
-        tensors["policy_version"][slot_ids, steps] = self.version
-        tensors["rnn_state"][slot_ids, steps + 1] = next_state
-        for (worker, split, generation), count in Counter(request[:3] for request in requests).items():
+        stale = self.stale(requests)
+        if stale:
+            requests, kept = requests.without(stale)
+            outputs = [output[kept] for output in outputs]
+        self.scatter(requests.rows, *outputs)
+        self.complete(requests)
+
+    def gather(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The batch's observations and RNN states, in staging buffers on the model's device."""
+        n = len(rows)
+        if n > self.capacity:  # never in a run (see __init__); a bound kept by code, not by trust
+            self.make_buffers(n)
+        if n not in self.batch_views:  # slicing is a torch call too: once per batch size, not per batch
+            self.batch_views[n] = [(self.rows[key], host[:n], self.inputs[key][:n])
+                                   for key, host in self.host_inputs.items()]
+        inputs = []
+        for field_rows, host, device in self.batch_views[n]:
+            torch.index_select(field_rows, 0, rows, out=host)
+            if device is not host:
+                device.copy_(host, non_blocking=True)
+            inputs.append(device)
+        *obs, rnn_state = inputs
+        return dict(zip(self.obs_keys, obs)), rnn_state
+
+    def to_host(self, outputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        """act()'s outputs, from the GPU to host memory: packed into one buffer there, one
+        non-blocking copy into pinned memory, one wait (a copy and a wait per output cost a
+        synchronisation each). The staging buffers are free again once it returns."""
+        n = len(outputs[0])
+        for view, output in zip(self.device_output_views, outputs):
+            view[:n].copy_(output)
+        self.host_outputs[:n].copy_(self.device_outputs[:n], non_blocking=True)
+        self.outputs_copied.record()
+        self.outputs_copied.synchronize()
+        return [view[:n] for view in self.host_output_views]
+
+    def scatter(self, rows: torch.Tensor, actions, log_probs, values, next_state):
+        self.rows["actions"].index_copy_(0, rows, actions)
+        self.rows["log_prob"].index_copy_(0, rows, log_probs)
+        self.rows["value"].index_copy_(0, rows, values)
+        self.rows["policy_version"].index_fill_(0, rows, self.version)
+        self.next_states.index_copy_(0, rows, next_state)
+
+    def complete(self, requests: ActionRequests):
+        """Counts the answered actors once per (worker, split, generation), as the split waits for them."""
+        counts = {}
+        for head, count in zip(requests.heads, requests.counts):
+            if count:
+                counts[head] = counts.get(head, 0) + count
+        for (worker, split, generation), count in counts.items():
             self.control.complete(worker, split, generation, count)
 
 

@@ -146,26 +146,23 @@ struct SharedBuffer : Shared {
 // Message encoding: a tag byte, then either int64 values (a tuple of ints: the trainer's hot
 // path, no pickle) or a pickle.
 const char TAG_INTS = 'i', TAG_PICKLE = 'p';
-const size_t MAX_FAST_INTS = 64;
 
 void encode(py::handle message, std::string& out) {
     PyObject* obj = message.ptr();
-    if (PyTuple_CheckExact(obj) && (size_t)PyTuple_GET_SIZE(obj) <= MAX_FAST_INTS) {
-        Py_ssize_t n = PyTuple_GET_SIZE(obj);
-        int64_t values[MAX_FAST_INTS];
+    if (PyTuple_CheckExact(obj)) {  // any length: a request carries a whole split's actors
+        size_t start = out.size();
+        out.push_back(TAG_INTS);
         bool all_ints = true;
-        for (Py_ssize_t i = 0; i < n && all_ints; i++) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(obj) && all_ints; i++) {
             PyObject* item = PyTuple_GET_ITEM(obj, i);
             int overflow = 0;
             all_ints = PyLong_CheckExact(item);
-            if (all_ints) values[i] = PyLong_AsLongLongAndOverflow(item, &overflow);
+            int64_t value = all_ints ? PyLong_AsLongLongAndOverflow(item, &overflow) : 0;
             all_ints = all_ints && !overflow;
+            out.append((const char*)&value, sizeof(value));
         }
-        if (all_ints) {
-            out.push_back(TAG_INTS);
-            out.append((const char*)values, sizeof(int64_t) * n);
-            return;
-        }
+        if (all_ints) return;
+        out.resize(start);
     }
     py::bytes pickled = pickle_dumps(message, -1);
     out.push_back(TAG_PICKLE);
@@ -290,13 +287,13 @@ struct Queue : Shared {
 struct SlotControl : Shared {
     ipc::SlotsHeader* header() const { return (ipc::SlotsHeader*)segment.data(); }
 
-    void check_slot(int32_t slot) const {
-        if (slot < 0 || (uint32_t)slot >= header()->num_slots)
+    void check_slot(int64_t slot) const {
+        if (slot < 0 || slot >= (int64_t)header()->num_slots)
             throw py::index_error("slot " + std::to_string(slot) + " out of range [0, " +
                                   std::to_string(header()->num_slots) + ")");
     }
-    void check_split(uint32_t worker, uint32_t split) const {
-        if (worker >= header()->num_workers || split >= header()->num_splits)
+    void check_split(int64_t worker, int64_t split) const {
+        if (worker < 0 || split < 0 || worker >= header()->num_workers || split >= header()->num_splits)
             throw py::index_error("(worker " + std::to_string(worker) + ", split " +
                                   std::to_string(split) + ") out of range");
     }
@@ -507,6 +504,27 @@ PYBIND11_MODULE(appo_ipc, m) {
                  return ipc::split_generation(s.header(), worker, split);
              },
              py::arg("worker"), py::arg("split"))
+        .def("stale",
+             [](SlotControl& s, const std::vector<int64_t>& workers, const std::vector<int64_t>& splits,
+                const std::vector<int64_t>& generations, const std::vector<int64_t>& slots) {
+                 size_t n = workers.size();
+                 if (splits.size() != n || generations.size() != n || slots.size() != n)
+                     throw py::value_error("workers, splits, generations and slots must have one length");
+                 for (size_t i = 0; i < n; i++) {
+                     s.check_split(workers[i], splits[i]);
+                     s.check_slot(slots[i]);
+                 }
+                 std::vector<int64_t> stale;
+                 for (size_t i = 0; i < n; i++)
+                     if (ipc::slots_owner(s.header(), (int32_t)slots[i]) != workers[i] ||
+                         ipc::split_generation(s.header(), (uint32_t)workers[i], (uint32_t)splits[i]) != generations[i])
+                         stale.push_back((int64_t)i);
+                 return stale;
+             },
+             py::arg("workers"), py::arg("splits"), py::arg("generations"), py::arg("slots"),
+             "Policy worker, a batch of requests in one call: the indices of those that no longer "
+             "stand, their worker no longer owning the slot (owner()) or their split asked again "
+             "(split_generation()). Usually none: an empty list costs nothing to test.")
         .def("reset_splits",
              [](SlotControl& s, uint32_t worker) {
                  s.check_split(worker, 0);

@@ -821,6 +821,71 @@ def fill_reward(slots, slot, value):
     slots.arrays["reward"][slot] = value
 
 
+def policy_worker_with_requests(cfg, spaces_pair, seed=0):
+    """A policy worker, slots of random observations and RNN states, and one action_request per
+    split of every rollout worker, its actors at random steps: (worker, shared, messages, rows),
+    rows being each request's (slot, step) in the order of the messages."""
+    probe = appo.EnvProbe(spaces_pair, num_agents=1, reward_shaping=None)
+    shared = appo.create_shared(cfg, appo.ActorCritic(*spaces_pair, cfg), probe)
+    worker = appo.PolicyWorker(0, cfg, shared, spaces_pair)
+    generator = torch.Generator().manual_seed(seed)
+    for name, tensor in shared.slots.tensors.items():
+        if tensor.dtype == torch.uint8:
+            tensor.copy_(torch.randint(0, 256, tensor.shape, dtype=torch.uint8, generator=generator))
+        elif tensor.dtype == torch.float32:
+            tensor.copy_(torch.randn(tensor.shape, generator=generator))
+    control, envs_per_split = shared.slots.control, cfg.num_envs_per_worker // cfg.worker_num_splits
+    messages, rows = [], []
+    for worker_id in range(cfg.num_workers):
+        for split in range(cfg.worker_num_splits):
+            actors = [appo.Actor(env_id, 0, 0) for env_id in range(envs_per_split)]
+            for actor in actors:
+                actor.slot = control.acquire(worker_id)
+                actor.step = int(torch.randint(0, cfg.rollout, (), generator=generator))
+                rows.append((actor.slot, actor.step))
+            messages.append(appo.action_request(worker_id, split, control.set_pending(worker_id, split, len(actors)),
+                                                actors))
+    return worker, shared, messages, rows
+
+
+def test_a_policy_worker_writes_for_each_request_what_its_model_computes_on_that_requests_inputs(tmp_path):
+    """The batch path gathers each request's row (slot, step) of every input, runs one forward
+    pass and scatters each output row back to its request: a mix-up of rows would show here."""
+    cfg = small_cfg(num_workers=2, num_envs_per_worker=6, worker_num_splits=2, train_dir=str(tmp_path))
+    worker, shared, messages, rows = policy_worker_with_requests(cfg, (IMAGE_AND_VECTOR, TWO_HEADS))
+    tensors = shared.slots.tensors
+    slots, steps = torch.tensor(rows).T
+    before = {name: tensors[name].clone() for name in ("actions", "rnn_state")}
+    worker.version = 7
+    worker.act_on(messages)
+    with torch.inference_mode():
+        logits, values, next_state = worker.model({key: tensors[key][slots, steps] for key in worker.obs_keys},
+                                                  tensors["rnn_state"][slots, steps])
+    assert torch.equal(tensors["value"][slots, steps], values)
+    assert torch.equal(tensors["rnn_state"][slots, steps + 1], next_state)
+    assert torch.equal(tensors["rnn_state"][slots, steps], before["rnn_state"][slots, steps])  # the inputs stay
+    actions = tensors["actions"][slots, steps]
+    assert not torch.equal(actions, before["actions"][slots, steps])
+    assert torch.equal(tensors["log_prob"][slots, steps], worker.model.action_dist.log_prob(logits, actions))
+    assert (tensors["policy_version"][slots, steps] == 7).all()
+    assert all(shared.slots.control.pending(w, s) == 0 for w in range(2) for s in range(2))
+
+
+def test_the_gpus_output_buffer_gives_each_output_columns_of_its_own(tmp_path):
+    """On a GPU act()'s outputs come back in one copy of one byte buffer; each output is a view of
+    its own columns, in its own dtype and shape (run here on the CPU: the layout is the same)."""
+    cfg = small_cfg(num_workers=1, num_envs_per_worker=2, worker_num_splits=2, train_dir=str(tmp_path))
+    worker, _, _, _ = policy_worker_with_requests(cfg, (IMAGE_AND_VECTOR, TWO_HEADS))
+    packed, views = worker.packed_outputs(5, torch.device("cpu"))
+    assert [(view.shape, view.dtype) for view in views] == [
+        ((5, 2), torch.int64), ((5,), torch.float32), ((5,), torch.float32), ((5, appo.rnn_state_size(cfg)), torch.float32)]
+    assert all(view.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr() for view in views)
+    written = [torch.randint(0, 4, (5, 2)), torch.randn(5), torch.randn(5), torch.randn(5, appo.rnn_state_size(cfg))]
+    for view, values in zip(views, written):
+        view.copy_(values)
+    assert all(torch.equal(view, values) for view, values in zip(views, written))
+
+
 def test_shared_weights_round_trip():
     cfg = small_cfg()
     source = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)

@@ -1,4 +1,5 @@
-"""scripts/bench_throughput.py: the log lines it reads, and its legs on real VizDoom processes."""
+"""The benchmark scripts: bench_throughput.py (the log lines it reads, its legs on real VizDoom
+processes), cpu_accounting.py and bench_policy_worker.py."""
 import json
 import os
 import subprocess
@@ -243,3 +244,15 @@ def test_a_report_of_several_result_files_gives_each_its_row_with_flags_commit_a
     assert lines[0] == "| file | env | appo.py flags | commit | ours |"
     assert lines[2] == "| a.json | doom_basic | --encoder resnet | 0123456 | 4,100 (4,000, 4,200, 4,100) |"
     assert lines[3] == "| b.json | atari_breakout | (not recorded) | - | 2,308 (2,308) |"
+
+
+def test_the_policy_worker_benchmark_splits_act_on_into_the_forward_and_the_rest():
+    """scripts/bench_policy_worker.py on this tree, one batch size, briefly: it answers every
+    request (it stops with an error otherwise) and reports the forward inside act_on."""
+    run = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_policy_worker.py"), "--json",
+                          "--batches", "8", "--seconds", "0"], capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(run.stdout)
+    assert result["appo"] == os.path.join(REPO, "appo.py") and len(result["results"]) == 1
+    row = result["results"][0]
+    assert row["batch"] == 8 and row["iterations"] >= 20
+    assert 0 < row["forward_us"] < row["act_on_us"] and row["outside_us"] > 0

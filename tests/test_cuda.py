@@ -123,6 +123,52 @@ def test_a_write_in_progress_is_seen_by_a_reader_on_the_gpu():
 
 
 # ---------------------------------------------------------------------------------------------
+# The policy worker's batch path: pinned staging, a copy per input, the outputs back in one copy
+# ---------------------------------------------------------------------------------------------
+
+def test_a_policy_worker_on_the_gpu_writes_what_its_model_computes_into_the_slots(tmp_path):
+    """Two batches of different sizes through the same staging buffers: each request's slot gets
+    the outputs of its own inputs, as the worker's model computes them on inputs indexed plainly."""
+    cfg = gpu_cfg(tmp_path, num_workers=2, num_envs_per_worker=6, worker_num_splits=2)
+    spaces_pair = (IMAGE_AND_VECTOR, TWO_HEADS)
+    probe = appo.EnvProbe(spaces_pair, num_agents=1, reward_shaping=None)
+    shared = appo.create_shared(cfg, appo.ActorCritic(*spaces_pair, cfg), probe)
+    worker = appo.PolicyWorker(0, cfg, shared, spaces_pair)
+    if CUDA.type == "cuda":
+        assert worker.host_inputs["obs"].is_pinned() and worker.host_outputs.is_pinned()
+    tensors, control = shared.slots.tensors, shared.slots.control
+    generator = torch.Generator().manual_seed(3)
+    tensors["obs"].copy_(torch.randint(0, 256, tensors["obs"].shape, dtype=torch.uint8, generator=generator))
+    for name in ("measurements", "rnn_state"):
+        tensors[name].copy_(torch.randn(tensors[name].shape, generator=generator))
+    worker.version = 3
+    for workers in ([0, 1], [1]):
+        messages, rows = [], []
+        for worker_id in workers:
+            for split in range(2):
+                actors = [appo.Actor(env_id, 0, 0) for env_id in range(3)]
+                for actor in actors:
+                    actor.slot, actor.step = control.acquire(worker_id), int(torch.randint(0, cfg.rollout, (),
+                                                                                           generator=generator))
+                    rows.append((actor.slot, actor.step))
+                messages.append(appo.action_request(worker_id, split, control.set_pending(worker_id, split, 3), actors))
+        worker.act_on(messages)
+        slots, steps = torch.tensor(rows).T
+        with torch.inference_mode():
+            logits, values, next_state = worker.model(
+                {key: tensors[key][slots, steps].to(CUDA) for key in ("obs", "measurements")},
+                tensors["rnn_state"][slots, steps].to(CUDA))
+            actions = tensors["actions"][slots, steps]
+            log_probs = worker.model.action_dist.log_prob(logits, actions.to(CUDA))
+        assert ((actions >= 0) & (actions < torch.tensor([3, 4]))).all()
+        np.testing.assert_allclose(tensors["value"][slots, steps], values.cpu(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tensors["rnn_state"][slots, steps + 1], next_state.cpu(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(tensors["log_prob"][slots, steps], log_probs.cpu(), rtol=1e-5, atol=1e-5)
+        assert (tensors["policy_version"][slots, steps] == 3).all()
+        assert all(control.pending(w, split) == 0 for w in workers for split in range(2))
+
+
+# ---------------------------------------------------------------------------------------------
 # Learner batches: pinned, non-blocking, and the slots free for reuse at once
 # ---------------------------------------------------------------------------------------------
 

@@ -375,31 +375,77 @@ def test_shutdown_waits_longer_for_a_learner_finishing_its_batch_than_for_other_
     assert worker.process.exitcode == -signal.SIGKILL
 
 
-def test_a_policy_worker_drops_requests_that_went_stale_and_writes_nothing_for_them(tmp_path):
-    """Review row 16: an answer to a request asked again since (or whose worker died and whose
-    slot was taken by another) used to overwrite the action and the RNN state that the split's
-    new answer had written, and completed the split a second time."""
+def stale_request_setup(tmp_path):
+    """A policy worker, and two actors of rollout worker 0 in slots of their own at step 3, whose
+    actions read -7 (no valid action: shows whether anything was written)."""
     cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_workers", "1", "--num_envs_per_worker", "2",
                            "--train_dir", str(tmp_path), "--seed", "1"])
     probe = appo.probe_env(cfg)
     shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
     worker = appo.PolicyWorker(0, cfg, shared, probe.spaces)
+    actors = [appo.Actor(env_id, 0, 0) for env_id in range(2)]
+    for actor in actors:
+        actor.slot, actor.step = shared.slots.control.acquire(owner=0), 3
+        shared.slots.tensors["actions"][actor.slot, actor.step] = -7
+    return cfg, shared, worker, actors
+
+
+def test_a_policy_worker_drops_requests_that_went_stale_and_writes_nothing_for_them(tmp_path):
+    """Review row 16: an answer to a request asked again since (or whose worker died and whose
+    slot was taken by another) used to overwrite the action and the RNN state that the split's
+    new answer had written, and completed the split a second time."""
+    cfg, shared, worker, (actor, other) = stale_request_setup(tmp_path)
     control, actions = shared.slots.control, shared.slots.tensors["actions"]
-    slot, step = control.acquire(owner=0), 3
-    actions[slot, step] = -7  # no valid action: shows whether anything was written
     lost = control.set_pending(0, 0, 1)
     asked_again = control.set_pending(0, 0, 1)  # the runner restarted a policy worker: resent
-    worker.act_on([(0, 0, lost, slot, step)])
-    assert int(actions[slot, step]) == -7 and control.pending(0, 0) == 1
-    worker.act_on([(0, 0, asked_again, slot, step)])
-    assert int(actions[slot, step]) in (0, 1) and control.pending(0, 0) == 0
+    worker.act_on([appo.action_request(0, 0, lost, [actor])])
+    assert int(actions[actor.slot, 3]) == -7 and control.pending(0, 0) == 1
+    worker.act_on([appo.action_request(0, 0, asked_again, [actor])])
+    assert int(actions[actor.slot, 3]) in (0, 1) and control.pending(0, 0) == 0
+    # One message, two actors, and one's slot is no longer its worker's (here handed to the
+    # learner): the other is answered, and counted once.
+    actions[actor.slot, 3] = -7
+    both = control.set_pending(0, 1, 2)
+    assert control.transfer(other.slot, 0, control.generation(other.slot), appo.learner_owner(cfg, 0))
+    worker.act_on([appo.action_request(0, 1, both, [actor, other])])
+    assert int(actions[actor.slot, 3]) in (0, 1) and int(actions[other.slot, 3]) == -7
+    assert control.pending(0, 1) == 1
     # The slot's worker died and the runner reclaimed it: a request from before is dropped too.
-    control.set_pending(0, 1, 1)
-    current = control.split_generation(0, 1)
+    current = control.set_pending(0, 1, 1)
     control.reclaim(0)
-    actions[slot, step] = -7
-    worker.act_on([(0, 1, current, slot, step)])
-    assert int(actions[slot, step]) == -7 and control.pending(0, 1) == 1
+    actions[actor.slot, 3] = -7
+    worker.act_on([appo.action_request(0, 1, current, [actor])])
+    assert int(actions[actor.slot, 3]) == -7 and control.pending(0, 1) == 1
+
+
+def test_a_request_that_goes_stale_during_the_forward_pass_writes_nothing_and_the_others_their_own_rows(
+        tmp_path, monkeypatch):
+    """The check again just before writing: here the other actor's split is asked again while the
+    batch is in the forward pass (a resend). The standing actor gets the outputs of its own row
+    of the batch, not its neighbour's."""
+    cfg, shared, worker, (actor, other) = stale_request_setup(tmp_path)
+    control, tensors = shared.slots.control, shared.slots.tensors
+    tensors["obs"][other.slot, 3] = torch.tensor([2.0, -1.0, 0.5, 3.0])  # different inputs, different values
+    tensors["rnn_state"][other.slot, 3] = 1.0
+    first, second = control.set_pending(0, 0, 1), control.set_pending(0, 1, 1)
+    computed = []
+
+    def act_while_the_split_is_asked_again(*args):
+        computed.append(real_act(*args))
+        control.set_pending(0, 0, 1)  # `other`'s split (split 0) asked again
+        return computed[-1]
+
+    real_act = appo.act
+    monkeypatch.setattr(appo, "act", act_while_the_split_is_asked_again)
+    worker.act_on([appo.action_request(0, 0, first, [other]), appo.action_request(0, 1, second, [actor])])
+    actions, log_probs, values, next_state = computed[0]
+    assert int(tensors["actions"][other.slot, 3]) == -7 and control.pending(0, 0) == 1
+    assert values[0] != values[1]
+    assert float(tensors["value"][actor.slot, 3]) == float(values[1])
+    assert float(tensors["log_prob"][actor.slot, 3]) == float(log_probs[1])
+    assert int(tensors["actions"][actor.slot, 3]) == int(actions[1, 0])
+    assert torch.equal(tensors["rnn_state"][actor.slot, 4], next_state[1])
+    assert control.pending(0, 1) == 0
 
 
 def test_cuda_ipc_files_are_found_by_the_pid_in_their_names():

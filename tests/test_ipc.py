@@ -461,6 +461,14 @@ def test_a_message_that_cannot_be_unpickled_loses_only_itself():
     assert q.get_many(max_messages=1) == [(2,)] and q.get_many() == [(3,)]  # and the ones after it
 
 
+def test_a_tuple_of_ints_of_any_length_travels_as_int64s_not_as_a_pickle():
+    """A policy worker's request carries a whole split's actors: past 64 ints it used to be pickled."""
+    message = tuple(2**62 + i for i in range(200))  # each pickles to more than 8 bytes
+    q = appo_ipc.Queue(max_size_bytes=4 + 1 + 8 * len(message))  # room for it as int64s, not as a pickle
+    q.put(message)
+    assert q.get_many() == [message]
+
+
 def test_a_put_from_inside_pickling_does_not_tear_the_outer_message():
     q = appo_ipc.Queue()
     q.put(PutsWhilePickled(q))
@@ -492,6 +500,25 @@ def test_a_late_or_duplicated_answer_never_completes_a_split():
     slots.reset_splits(worker=0)
     assert slots.pending(0, 0) == -1 and not slots.complete(0, 0, dead, 1)
     assert slots.wait_any(worker=0, timeout=0) is None
+
+
+def test_stale_names_the_requests_whose_slot_changed_owner_or_whose_split_was_asked_again():
+    """The policy worker's one call for a batch: owner() and split_generation() of each request."""
+    slots = appo_ipc.SlotControl(num_slots=4, num_workers=2, num_splits=2)
+    mine, theirs, handed = slots.acquire(owner=0), slots.acquire(owner=1), slots.acquire(owner=0)
+    asked = slots.set_pending(worker=0, split=1, num_requests=3)
+    assert slots.stale([0, 0, 0], [1, 1, 1], [asked] * 3, [mine, theirs, handed]) == [1]
+    assert slots.transfer(handed, 0, slots.generation(handed), 2)  # to a learner
+    asked_again = slots.set_pending(worker=0, split=0, num_requests=1)
+    assert slots.stale([0, 0, 0, 0], [1, 1, 0, 0], [asked, asked, asked_again, asked_again + 1],
+                       [mine, handed, mine, mine]) == [1, 3]
+    assert slots.stale([], [], [], []) == []
+    with pytest.raises(IndexError):
+        slots.stale([0], [1], [asked], [4])
+    with pytest.raises(IndexError):
+        slots.stale([2], [0], [asked], [mine])
+    with pytest.raises(ValueError):
+        slots.stale([0, 0], [1], [asked], [mine])
 
 
 def test_a_slot_handed_off_by_a_worker_that_died_is_reclaimed_not_lost():
