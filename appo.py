@@ -1677,6 +1677,29 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
 # PLUMBING: child processes: what every one does first (names, signals, threads, engine output)
 # =============================================================================================
 
+class StageTimes:
+    """Seconds a process spent in each stage of its loop since the last take(), for the status
+    line's split of busy time: `with times("forward"): ...`."""
+
+    def __init__(self, *stages: str):
+        self.seconds = dict.fromkeys(stages, 0.0)
+        self.stage, self.started = stages[0], 0.0
+
+    def __call__(self, stage: str) -> "StageTimes":
+        self.stage = stage
+        return self
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+
+    def __exit__(self, *error):
+        self.seconds[self.stage] += time.perf_counter() - self.started
+
+    def take(self) -> dict[str, float]:
+        seconds, self.seconds = self.seconds, dict.fromkeys(self.seconds, 0.0)
+        return seconds
+
+
 def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
     """Every child: a name that `ps`/`top` show (appo-<role>), die with the parent, leave Ctrl-C
     to the runner, few threads.
@@ -2241,6 +2264,11 @@ class PolicyWorker:
         self.next_states = self.rows["rnn_state"][1:]  # row i here is row i + 1 there: the state after row i
         self.make_buffers(shared.slots.num_slots)  # a slot has one standing request at most
         self.version = -1
+        # the runner's split of this worker's time ("wait" is policy_worker_main's), and its batches
+        self.times = StageTimes("wait", "gather", "forward", "copy_back", "write", *["forward_gpu"] * self.on_gpu)
+        self.acted = Counter()
+        # on a GPU: CUDA events around the forward pass, for its GPU time (the wall clock times the launches)
+        self.forward_events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.on_gpu else None
 
     def make_buffers(self, capacity: int):
         self.capacity = capacity
@@ -2277,24 +2305,46 @@ class PolicyWorker:
         return self.control.stale(requests.workers, requests.splits, requests.generations, requests.slots)
 
     def act_on(self, messages: list[tuple[int, ...]]):
-        requests = ActionRequests(messages, self.steps_per_slot)
-        stale = self.stale(requests)
-        if stale:
-            requests, _ = requests.without(stale)
-        if len(requests) == 0:
-            return
-        obs, rnn_state = self.gather(requests.rows)
+        times = self.times
+        with times("gather"):
+            requests = ActionRequests(messages, self.steps_per_slot)
+            stale = self.stale(requests)
+            if stale:
+                requests, _ = requests.without(stale)
+            if len(requests) == 0:
+                return
+            obs, rnn_state = self.gather(requests.rows)
+        with times("forward"):
+            outputs = self.forward(obs, rnn_state)
+        with times("copy_back"):
+            if self.on_gpu:
+                outputs = self.to_host(outputs)
+        if self.forward_events is not None:  # to_host waited for them
+            times.seconds["forward_gpu"] += self.forward_events[0].elapsed_time(self.forward_events[1]) / 1000.0
+        with times("write"):
+            # Checked again just before writing: a request that went stale during inference must not
+            # overwrite what its split's new answer wrote (that window stays, a few instructions wide).
+            stale = self.stale(requests)
+            if stale:
+                requests, kept = requests.without(stale)
+                outputs = [output[kept] for output in outputs]
+            self.scatter(requests.rows, *outputs)
+            self.complete(requests)
+        self.acted.update(samples=len(requests), batches=1)
+
+    def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
+        if self.forward_events is None:
+            return act(self.model, obs, rnn_state)
+        self.forward_events[0].record()
         outputs = act(self.model, obs, rnn_state)
-        if self.on_gpu:
-            outputs = self.to_host(outputs)
-        # Checked again just before writing: a request that went stale during inference must not
-        # overwrite what its split's new answer wrote (that window stays, a few instructions wide).
-        stale = self.stale(requests)
-        if stale:
-            requests, kept = requests.without(stale)
-            outputs = [output[kept] for output in outputs]
-        self.scatter(requests.rows, *outputs)
-        self.complete(requests)
+        self.forward_events[1].record()
+        return outputs
+
+    def take_report(self) -> dict:
+        """This worker's stage times (on a GPU also "forward_gpu", the forward passes' GPU time)
+        and its samples and batches since the last report, for the runner."""
+        acted, self.acted = dict(self.acted), Counter()
+        return {"stages": self.times.take(), "acted": acted}
 
     def gather(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The batch's observations and RNN states, in staging buffers on the model's device."""
@@ -2349,10 +2399,11 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
     busy_s, last_report = 0.0, time.monotonic()
     while not shared.run.should_stop() and parent_alive(parent):
         shared.run.beat(process_index)
-        try:
-            requests = worker.requests.get_many(timeout=0.5)
-        except queue.Empty:
-            continue
+        with worker.times("wait"):
+            try:
+                requests = worker.requests.get_many(timeout=0.5)
+            except queue.Empty:
+                continue
         # after the wait, not before it: requests that waited for new weights (--no-async_rl) get them
         worker.load_latest_weights()
         start = time.perf_counter()
@@ -2360,7 +2411,7 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
         busy_s += time.perf_counter() - start
         if time.monotonic() - last_report > 2.0:
             shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s,
-                                    "process": process_index})
+                                    "process": process_index, **worker.take_report()})
             busy_s, last_report = 0.0, time.monotonic()
     for weights in shared.weights:
         weights.release()

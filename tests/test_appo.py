@@ -871,6 +871,22 @@ def test_a_policy_worker_writes_for_each_request_what_its_model_computes_on_that
     assert all(shared.slots.control.pending(w, s) == 0 for w in range(2) for s in range(2))
 
 
+def test_a_policy_worker_reports_its_batches_and_where_its_time_went(tmp_path):
+    """Issue 50 item 1: the runner shows the policy workers' mean batch and their time split."""
+    cfg = small_cfg(num_workers=2, num_envs_per_worker=6, worker_num_splits=2, train_dir=str(tmp_path))
+    worker, shared, messages, rows = policy_worker_with_requests(cfg, (IMAGE_AND_VECTOR, TWO_HEADS))
+    worker.act_on(messages)
+    report = worker.take_report()
+    assert report["acted"] == {"samples": len(rows), "batches": 1}
+    assert set(report["stages"]) == {"wait", "gather", "forward", "copy_back", "write"}
+    assert report["stages"]["forward"] > report["stages"]["copy_back"] >= 0.0  # no copy back on the CPU
+    assert worker.take_report() == {"stages": dict.fromkeys(report["stages"], 0.0), "acted": {}}  # taken once
+    stats = appo.Stats(1)
+    stats.consume({"type": "timing", "component": "inference", "busy_s": 0.5, **report})
+    stats.busy_fractions(cfg)
+    assert stats.mean_batch == len(rows)
+
+
 def test_the_gpus_output_buffer_gives_each_output_columns_of_its_own(tmp_path):
     """On a GPU act()'s outputs come back in one copy of one byte buffer; each output is a view of
     its own columns, in its own dtype and shape (run here on the CPU: the layout is the same)."""
