@@ -2700,8 +2700,9 @@ class Learner:
         self.nonfinite_in_a_row = (self.nonfinite_in_a_row + skipped) * (skipped == steps)
         if not report:
             return {}
-        *values, skipped_steps, in_a_row = torch.stack([*stats.values(), self.skipped_steps,
-                                                        self.nonfinite_in_a_row]).tolist()
+        read_back = [*stats.values(), self.skipped_steps, self.nonfinite_in_a_row]  # a forker's stats may be floats
+        *values, skipped_steps, in_a_row = torch.stack([torch.as_tensor(value, dtype=torch.float32, device=self.device)
+                                                        for value in read_back]).tolist()
         stats = dict(zip(stats, values))
         if in_a_row >= MAX_NONFINITE_STEPS:
             raise NonFiniteLoss(

@@ -759,6 +759,21 @@ def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path
     assert learner.sgd_step(good)["skipped_steps"] == 1  # a finite step trains again
 
 
+def test_a_loss_whose_statistics_are_floats_still_reports_them(tmp_path, monkeypatch):
+    """docs/fork.md asks for 0-dim tensors; a forker's appo_loss that returns floats still trains and shows them."""
+    cfg = small_cfg(train_dir=str(tmp_path))
+    learner = learner_with_weights(cfg)
+    real_loss = appo.appo_loss
+
+    def float_stats(*args, **kwargs):
+        loss, stats = real_loss(*args, **kwargs)
+        return loss, {name: float(value) for name, value in stats.items()}
+
+    monkeypatch.setattr(appo, "appo_loss", float_stats)
+    stats = learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))
+    assert isinstance(stats["entropy"], float) and stats["skipped_steps"] == 0
+
+
 def test_too_many_nonfinite_steps_in_a_row_stop_the_learner_when_its_report_is_due(tmp_path):
     cfg = small_cfg(train_dir=str(tmp_path))
     learner = learner_with_weights(cfg)
