@@ -2707,7 +2707,7 @@ class Learner:
         if in_a_row >= MAX_NONFINITE_STEPS:
             raise NonFiniteLoss(
                 f"learner {self.policy_id}: {in_a_row:.0f} steps in a row had a non-finite loss "
-                f"(last: loss {stats['loss']}, value loss {stats['value_loss']}, grad norm {stats['grad_norm']}). "
+                f"(last: {', '.join(f'{name} {stats[name]}' for name in ('loss', 'value_loss', 'grad_norm') if name in stats)}). "
                 "Likely causes: NaN or Inf in the env's rewards or observations, rewards too large for the "
                 "critic (scale them down), or a learning rate too high. The last checkpoint has the last "
                 "good weights.")
@@ -3152,9 +3152,10 @@ def policy_parts(cfg, stats: Stats, shared: Shared, policy_id: int) -> list[str]
     parts = []
     if cfg.num_policies > 1:
         parts.append(f"{prefix}FPS {stats.policy_fps(policy_id, 60):,.0f}")
-    if learner:
-        parts.append(f"{prefix}lag {learner['lag_min']:.0f}/{learner['lag_avg']:.1f}/{learner['lag_max']:.0f}"
-                     f" trained {int(shared.run.learner_frames[policy_id]):,}")
+    if learner:  # a replaced objective may report no lag (docs/fork.md): the rest still shows
+        lag = (f"lag {learner['lag_min']:.0f}/{learner['lag_avg']:.1f}/{learner['lag_max']:.0f} "
+               if "lag_min" in learner else "")
+        parts.append(f"{prefix}{lag}trained {int(shared.run.learner_frames[policy_id]):,}")
     if returns:
         parts.append(f"{prefix}avg return {np.mean(returns):.2f} ({len(returns)} ep)")
     if stats.episode_objectives[policy_id] and cfg.num_policies > 1:
@@ -3166,7 +3167,7 @@ def population_summary(cfg, stats: Stats) -> str:
     """Many policies in one part of the status line, as long for 3 as for 100: the highest lag, the
     best and the median average return, and the objective's where it is not the return (duels)."""
     parts = []
-    lags = [learner["lag_max"] for learner in stats.learner if learner]
+    lags = [learner["lag_max"] for learner in stats.learner if "lag_max" in learner]
     if lags:
         parts.append(f"lag max {max(lags):.0f}")
     returns = best_and_median(stats.episode_returns)

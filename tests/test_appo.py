@@ -774,6 +774,22 @@ def test_a_loss_whose_statistics_are_floats_still_reports_them(tmp_path, monkeyp
     assert isinstance(stats["entropy"], float) and stats["skipped_steps"] == 0
 
 
+def test_an_objective_that_returns_only_its_loss_trains_and_the_status_line_shows_what_it_has(tmp_path, monkeypatch):
+    """Issue 52: the status line read lag_min/avg/max from the loss's stats and raised KeyError without them."""
+    cfg = small_cfg(train_dir=str(tmp_path), num_workers=2)
+    learner = learner_with_weights(cfg)
+    monkeypatch.setattr(appo, "appo_loss", lambda model, batch, *args, **kwargs: (
+        model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
+                              batch["done"])[1].square().mean(), {}))
+    stats = learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))
+    assert set(stats) == {"grad_norm", "skipped_steps", "learning_rate"}
+    runner = appo.Stats(1)
+    runner.consume({"type": "learner", "policy_id": 0, "train_s": 0.1, "policy_version": 1, **stats})
+    shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([100, 100]),
+                                                             learner_frames=np.array([200])))
+    assert "| trained 200" in appo.status_line(cfg, runner, shared, elapsed=1.0)
+
+
 def test_too_many_nonfinite_steps_in_a_row_stop_the_learner_when_its_report_is_due(tmp_path):
     cfg = small_cfg(train_dir=str(tmp_path))
     learner = learner_with_weights(cfg)
