@@ -2706,8 +2706,9 @@ class Learner:
         stats = dict(zip(stats, values))
         if in_a_row >= MAX_NONFINITE_STEPS:
             raise NonFiniteLoss(
-                f"learner {self.policy_id}: {in_a_row:.0f} steps in a row had a non-finite loss "
-                f"(last: {', '.join(f'{name} {stats[name]}' for name in ('loss', 'value_loss', 'grad_norm') if name in stats)}). "
+                f"learner {self.policy_id}: {MAX_NONFINITE_STEPS} steps in a row had a non-finite loss "
+                f"({in_a_row:.0f} when it read the count; last: "
+                f"{', '.join(f'{name} {stats[name]}' for name in ('loss', 'value_loss', 'grad_norm') if name in stats)}). "
                 "Likely causes: NaN or Inf in the env's rewards or observations, rewards too large for the "
                 "critic (scale them down), or a learning rate too high. The last checkpoint has the last "
                 "good weights.")
