@@ -15,11 +15,15 @@ begins with its name:
     ALGO LOGIC: the losses      V-trace, GAE, the PPO objective             <- edit here
     PLUMBING: shared memory     trajectory slots, published weights, run state
     PLUMBING: child processes   what every process does first
-    PLUMBING: rollout worker -> policy worker -> learner -> runner
-    EXTRAS: multi-node (torchrun), population-based training, evaluation
+    PLUMBING: rollout worker -> policy worker -> learner -> runner (its seams: Extra, EXTRAS)
+    ---- the core ends here; below it, the extras ----
+    EXTRAS: reporting, multi-node (torchrun), population-based training, evaluation
     main
 
 To fork: search for "ALGO LOGIC" (the model and the loss) and "ENV HOOK" (where envs are made).
+Each EXTRAS block is one optional part with its own flags and checks, attached at the runner's
+and the learner's moments (class Extra); delete a block, its `EXTRAS.append` line last in it,
+and the trainer runs without it (tests/test_extras.py does that for each).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -108,6 +113,17 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._format_action_invocation(action)
 
 
+def positive(action: argparse.Action) -> argparse.Action:
+    """Marks a number flag that must be above 0 (config_errors checks every flag so marked)."""
+    action.bound = "positive"
+    return action
+
+
+def at_least_0(action: argparse.Action) -> argparse.Action:
+    action.bound = "at_least_0"
+    return action
+
+
 def join_negative_values(argv: list[str]) -> list[str]:
     """`--flag -1e-4` -> `--flag=-1e-4`: argparse reads a token that starts with '-' and is not a
     plain integer or decimal as a flag, so scientific notation and some negative numbers were
@@ -148,12 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.register("action", "switch", Switch)  # for env.py's family flags too
     general = parser.add_argument_group("general")
-    general.add_argument("--mode", choices=["train", "eval"], default="train",
-                         help="train, or eval: play a saved policy, print its scores, optionally record a video")
+    modes = [extra for extra in EXTRAS if extra.mode]  # evaluation's "eval"
+    general.add_argument("--mode", choices=["train", *(extra.mode for extra in modes)], default="train",
+                         help="train" + "".join(f", or {extra.mode}: {extra.mode_help}" for extra in modes))
     general.add_argument("--env", default="doom_basic",
-                         help="env name: doom_<scenario>, atari_<game>, dmlab_<level>, dmlab_30, gym:<id> for any "
-                              "registered Gymnasium env (e.g. gym:CartPole-v1; gym:<module>:<id> imports <module> first), "
-                              "or one added with env.register_env")
+                         help=f"env name: {envs.names_help()}, or one added with env.register_env")
     general.add_argument("--experiment", default=None,
                          help="experiment name; results go to train_dir/experiment (default: the env name, "
                               "with ':' and '/' as '_')")
@@ -162,47 +177,39 @@ def build_parser() -> argparse.ArgumentParser:
                          help="when the experiment's folder exists: resume its training; restart from scratch, "
                               "the old folder moved whole to EXPERIMENT_old0001 (then 0002, ...); or overwrite "
                               "it (deleted, then from scratch). Sample Factory's flag and meanings")
-    general.add_argument("--seed", type=int, default=None,
-                         help="random seed (default: drawn at random; a run prints it and config.json keeps it)")
-    general.add_argument("--train_for_env_steps", type=integer, default=UNLIMITED_FRAMES,
-                         help="stop after this many env frames (frameskip included)")
-    general.add_argument("--train_for_seconds", type=float, default=UNLIMITED_SECONDS,
-                         help="stop after this many seconds of training")
-    general.add_argument("--save_every_sec", type=float, default=120.0,
-                         help="seconds between checkpoints (one is also written at exit)")
-    general.add_argument("--keep_checkpoints", type=int, default=3,
-                         help="how many recent checkpoints to keep per policy")
-    general.add_argument("--report_every_sec", type=float, default=5.0,
-                         help="seconds between status lines and TensorBoard summaries")
-    general.add_argument("--with_wandb", action="switch",
-                         help="also send the summaries and the config to Weights & Biases (pip install wandb; "
-                              "WANDB_MODE=offline works without an account)")
-    general.add_argument("--wandb_project", default="appo", help="W&B project")
-    general.add_argument("--wandb_group", default=None, help="W&B group, e.g. one per sweep")
-    general.add_argument("--wandb_tags", nargs="*", default=[], help="W&B tags")
+    at_least_0(general.add_argument("--seed", type=int, default=None,
+                                    help="random seed (default: drawn at random; a run prints it and config.json "
+                                         "keeps it)"))
+    positive(general.add_argument("--train_for_env_steps", type=integer, default=UNLIMITED_FRAMES,
+                                  help="stop after this many env frames (frameskip included)"))
+    positive(general.add_argument("--train_for_seconds", type=float, default=UNLIMITED_SECONDS,
+                                  help="stop after this many seconds of training"))
+    positive(general.add_argument("--save_every_sec", type=float, default=120.0,
+                                  help="seconds between checkpoints (one is also written at exit)"))
+    positive(general.add_argument("--keep_checkpoints", type=int, default=3,
+                                  help="how many recent checkpoints to keep per policy"))
+    positive(general.add_argument("--report_every_sec", type=float, default=5.0,
+                                  help="seconds between status lines and TensorBoard summaries"))
 
     env_group = parser.add_argument_group("env")
-    env_group.add_argument("--env_frameskip", type=int, default=None,
-                           help="frames per agent step (default: the env's own, e.g. 4 for Doom)")
+    positive(env_group.add_argument("--env_frameskip", type=int, default=None,
+                                    help="frames per agent step (default: the env's own, e.g. 4 for Doom)"))
     envs.add_flags(env_group)  # each env family's own flags (env.py declares and checks them)
 
     model = parser.add_argument_group("model")
-    model.add_argument("--hidden_size", "--rnn_size", type=int, default=512,
-                       help="width of the fully connected layer after the encoder and of the RNN "
-                            "(--rnn_size, Sample Factory's name, is the same flag)")
+    positive(model.add_argument("--hidden_size", "--rnn_size", type=int, default=512,
+                                help="width of the fully connected layer after the encoder and of the RNN "
+                                     "(--rnn_size, Sample Factory's name, is the same flag)"))
     model.add_argument("--rnn_type", choices=["gru", "lstm", "none"], default="gru",
                        help="recurrent core; 'none' for a feed-forward policy")
     model.add_argument("--encoder", choices=list(CONV_ENCODERS), default="convnet_simple",
-                       help="conv net for image observations: convnet_simple, the Sample Factory paper's "
-                            "(32/64/128 channels, ELU); convnet_atari, the DQN paper's Nature CNN "
-                            "(32/64/64 channels, ReLU, as in Sample Factory's and CleanRL's Atari configs); or "
-                            "resnet, the IMPALA paper's deep encoder (3 stages of conv, max-pool and 2 residual "
-                            "blocks, 16/32/32 channels, ReLU), the paper's choice for DMLab")
+                       help="conv net for image observations: " + listed(
+                           [f"{name}, {encoder.about}" for name, encoder in CONV_ENCODERS.items()], "; ", "; or "))
     model.add_argument("--encoder_mlp_layers", type=int, nargs="+", default=[128, 128],
                        help="widths of the MLP that encodes vector observations (Sample Factory's name)")
     model.add_argument("--nonlinearity", choices=["auto", "elu", "relu", "tanh"], default="auto",
                        help="activation of the vector MLP and the FC after the encoders; auto: the --encoder's "
-                            "(ELU for convnet_simple, ReLU for convnet_atari and resnet)")
+                            f"({encoder_activations()})")
     model.add_argument("--normalize_input", action="switch", default=False,
                        help="normalise each observation element by its running mean and std")
     # auto rather than float32: on this project's learning bench bfloat16 showed no score cost at equal
@@ -214,40 +221,40 @@ def build_parser() -> argparse.ArgumentParser:
                             "GPUs from Ampere on), float32 elsewhere (where bf16 would only be emulated too)")
 
     algo = parser.add_argument_group("algorithm")
-    algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)")
-    algo.add_argument("--batch_size", type=int, default=2048,
-                      help="samples per SGD step: one minibatch of whole trajectories, as in Sample Factory; "
-                           "a multiple of --rollout")
-    algo.add_argument("--num_batches_per_epoch", type=int, default=1,
-                      help="minibatches in a training iteration, as in Sample Factory: an iteration trains on "
-                           "batch_size x this samples, each minibatch computing its targets with the weights of "
-                           "the moment and making one optimiser step")
-    algo.add_argument("--num_epochs", type=int, default=1, help="SGD passes over each iteration's samples")
+    positive(algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)"))
+    positive(algo.add_argument("--batch_size", type=int, default=2048,
+                               help="samples per SGD step: one minibatch of whole trajectories, as in Sample Factory; "
+                                    "a multiple of --rollout"))
+    positive(algo.add_argument("--num_batches_per_epoch", type=int, default=1,
+                               help="minibatches in a training iteration, as in Sample Factory: an iteration trains on "
+                                    "batch_size x this samples, each minibatch computing its targets with the weights of "
+                                    "the moment and making one optimiser step"))
+    positive(algo.add_argument("--num_epochs", type=int, default=1, help="SGD passes over each iteration's samples"))
     algo.add_argument("--gamma", type=float, default=0.99, help="discount factor (default: the env's)")
     algo.add_argument("--with_vtrace", action="switch", default=True,
                       help="V-trace value targets and advantages; --no-with_vtrace uses GAE")
-    algo.add_argument("--vtrace_rho", type=float, default=1.0, help="V-trace rho_bar")
-    algo.add_argument("--vtrace_c", type=float, default=1.0, help="V-trace c_bar")
+    positive(algo.add_argument("--vtrace_rho", type=float, default=1.0, help="V-trace rho_bar"))
+    positive(algo.add_argument("--vtrace_c", type=float, default=1.0, help="V-trace c_bar"))
     algo.add_argument("--gae_lambda", type=float, default=0.95, help="GAE lambda (without V-trace)")
-    algo.add_argument("--ppo_clip_ratio", type=float, default=0.1,
-                      help="PPO keeps the policy ratio within [1/(1+eps), 1+eps]")
-    algo.add_argument("--ppo_clip_value", type=float, default=1.0,
-                      help="clip of the value change against the behaviour policy's value")
-    algo.add_argument("--value_loss_coeff", type=float, default=0.5,
-                      help="weight of the critic's squared error (Sample Factory's definition and default)")
+    positive(algo.add_argument("--ppo_clip_ratio", type=float, default=0.1,
+                               help="PPO keeps the policy ratio within [1/(1+eps), 1+eps]"))
+    positive(algo.add_argument("--ppo_clip_value", type=float, default=1.0,
+                               help="clip of the value change against the behaviour policy's value"))
+    at_least_0(algo.add_argument("--value_loss_coeff", type=float, default=0.5,
+                                 help="weight of the critic's squared error (Sample Factory's definition and default)"))
     algo.add_argument("--exploration_loss", choices=["entropy", "symmetric_kl"], default="entropy",
                       help="entropy: a bonus for the policy's entropy; symmetric_kl: a penalty on its symmetric "
                            "KL divergence from the uniform policy, which grows without bound as an action's "
                            "probability goes to 0, so no head can collapse (Sample Factory's Doom default)")
-    algo.add_argument("--exploration_loss_coeff", type=float, default=0.003,
-                      help="weight of the exploration term")
+    at_least_0(algo.add_argument("--exploration_loss_coeff", type=float, default=0.003,
+                                 help="weight of the exploration term"))
     algo.add_argument("--normalize_advantage", action="switch", default=True,
                       help="normalise advantages to zero mean, unit std per minibatch (as Sample Factory)")
     algo.add_argument("--normalize_returns", action="switch", default=True,
                       help="the value head predicts returns scaled by their running mean and std, "
                            "so the critic sees unit-scale targets whatever the reward scale")
-    algo.add_argument("--max_policy_lag", type=int, default=100,
-                      help="drop transitions made by a policy more than this many versions (batches) old")
+    positive(algo.add_argument("--max_policy_lag", type=int, default=100,
+                               help="drop transitions made by a policy more than this many versions (batches) old"))
     algo.add_argument("--async_rl", action="switch", default=True,
                       help="rollout workers collect the next batch while the learner trains on this one, so "
                            "it is acted by weights a version or two old; --no-async_rl takes turns (Sample "
@@ -259,51 +266,51 @@ def build_parser() -> argparse.ArgumentParser:
                            "fewest that hold its iteration (the run's second line shows it)")
 
     optim = parser.add_argument_group("optimizer")
-    optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate")
+    positive(optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate"))
     optim.add_argument("--lr_schedule", choices=["constant", "linear_decay"], default="constant",
                        help="linear_decay: the learning rate falls linearly to 0 at --lr_decay_frames")
-    optim.add_argument("--lr_decay_frames", type=integer, default=None,
-                       help="env frames at which linear_decay reaches 0 (default: --train_for_env_steps). Sample "
-                            "Factory's reaches 0 at --env_frameskip x --train_for_env_steps (its schedule spans "
-                            "--train_for_env_steps samples), so its runs end at 1 - 1/frameskip of the rate; on "
-                            "Atari the two horizons differed by less than the seeds' spread "
-                            "(docs/results/ablations.md)")
+    positive(optim.add_argument("--lr_decay_frames", type=integer, default=None,
+                                help="env frames at which linear_decay reaches 0 (default: --train_for_env_steps). Sample "
+                                     "Factory's reaches 0 at --env_frameskip x --train_for_env_steps (its schedule spans "
+                                     "--train_for_env_steps samples), so its runs end at 1 - 1/frameskip of the rate; on "
+                                     "Atari the two horizons differed by less than the seeds' spread "
+                                     "(docs/results/ablations.md)"))
     optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
     optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
-    optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon")
-    optim.add_argument("--max_grad_norm", type=float, default=4.0, help="gradient norm clip")
+    positive(optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon"))
+    positive(optim.add_argument("--max_grad_norm", type=float, default=4.0, help="gradient norm clip"))
 
     system = parser.add_argument_group("system")
-    system.add_argument("--num_workers", type=int, default=max(1, os.cpu_count() or 1),
-                        help="rollout worker processes")
-    system.add_argument("--num_envs_per_worker", type=int, default=2, help="envs per rollout worker")
-    system.add_argument("--worker_num_splits", type=int, default=2,
-                        help="groups of envs per worker: one steps while the other waits for actions")
-    system.add_argument("--num_policies", type=int, default=1, help="policies trained at once")
-    system.add_argument("--policy_workers_per_policy", type=int, default=1,
-                        help="inference processes per policy")
-    system.add_argument("--remap_policies_every", type=int, default=5,
-                        help="with several policies: each env's agents are handed to new random policies "
-                             "after this many of its episodes (self-play meets every pairing)")
+    positive(system.add_argument("--num_workers", type=int, default=max(1, os.cpu_count() or 1),
+                                 help="rollout worker processes"))
+    positive(system.add_argument("--num_envs_per_worker", type=int, default=2, help="envs per rollout worker"))
+    positive(system.add_argument("--worker_num_splits", type=int, default=2,
+                                 help="groups of envs per worker: one steps while the other waits for actions"))
+    positive(system.add_argument("--num_policies", type=int, default=1, help="policies trained at once"))
+    positive(system.add_argument("--policy_workers_per_policy", type=int, default=1,
+                                 help="inference processes per policy"))
+    positive(system.add_argument("--remap_policies_every", type=int, default=5,
+                                 help="with several policies: each env's agents are handed to new random policies "
+                                      "after this many of its episodes (self-play meets every pairing)"))
+    system.add_argument("--past_opponents_fraction", type=float, default=0.0,
+                        help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
+                             "version of the population instead of a learning policy, drawn at every remap")
     system.add_argument("--device", choices=["auto", "cpu", "cuda", "gpu"], default="auto",
                         help="where the learner and policy workers run; auto: cuda when torch sees a GPU, "
                              "otherwise cpu (rollout workers always run on the CPU); gpu, Sample Factory's "
                              "word, means cuda")
-    system.add_argument("--learner_threads", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 2)),
-                        help="torch threads of the learner (default: half the CPU cores, 1 to 4). More threads "
-                             "than cores left free by the workers waste time waiting for each other "
-                             "(docs/measurements.md)")
-    system.add_argument("--policy_worker_threads", type=int, default=1,
-                        help="torch threads of each policy worker; its batches are small, so more threads "
-                             "mostly wait for each other (docs/measurements.md)")
-    system.add_argument("--env_step_timeout", type=float, default=60.0,
-                        help="seconds a rollout or policy worker may go without progress (a hung env) "
-                             "before it is killed and restarted")
-    system.add_argument("--distributed_timeout", type=float, default=300.0,
-                        help="under torchrun: seconds a learner waits for the other ranks' learners before "
-                             "giving up (their first batches can take a while)")
-    system.add_argument("--max_restarts", type=int, default=10,
-                        help="worker restarts allowed within 10 minutes; one more stops the run")
+    positive(system.add_argument("--learner_threads", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 2)),
+                                 help="torch threads of the learner (default: half the CPU cores, 1 to 4). More threads "
+                                      "than cores left free by the workers waste time waiting for each other "
+                                      "(docs/measurements.md)"))
+    positive(system.add_argument("--policy_worker_threads", type=int, default=1,
+                                 help="torch threads of each policy worker; its batches are small, so more threads "
+                                      "mostly wait for each other (docs/measurements.md)"))
+    positive(system.add_argument("--env_step_timeout", type=float, default=60.0,
+                                 help="seconds a rollout or policy worker may go without progress (a hung env) "
+                                      "before it is killed and restarted"))
+    at_least_0(system.add_argument("--max_restarts", type=int, default=10,
+                                   help="worker restarts allowed within 10 minutes; one more stops the run"))
     system.add_argument("--serial_mode", action="switch",
                         help="for debugging: rollout workers, policy workers and learners run in this one process, "
                              "in turn, with in-process queues (no child processes), so a debugger stops in any of "
@@ -314,40 +321,21 @@ def build_parser() -> argparse.ArgumentParser:
                              "waits on, run first; a worker and its games then hand each step over on one core "
                              "(the Doom family's default: docs/measurements.md)")
 
-    pbt = parser.add_argument_group("self-play and population-based training")
-    pbt.add_argument("--past_opponents_fraction", type=float, default=0.0,
-                     help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
-                          "version of the population instead of a learning policy, drawn at every remap")
-    pbt.add_argument("--past_opponent_refresh_sec", type=float, default=120.0,
-                     help="seconds between draws of the past version: a random saved checkpoint of a random policy")
-    pbt.add_argument("--with_pbt", action="switch",
-                     help="rank the policies by their true objective every --pbt_period_env_steps; mutate "
-                          "the hyperparameters of the weaker ones and replace the weakest with copies of the best")
-    pbt.add_argument("--pbt_period_env_steps", type=integer, default=5_000_000,
-                     help="env frames every policy trains on between two PBT rounds")
-    pbt.add_argument("--pbt_mutation_rate", type=float, default=0.15,
-                     help="chance that each hyperparameter of a policy outside the best ones mutates")
-    pbt.add_argument("--pbt_mutation_factor", type=float, default=1.2,
-                     help="a mutation multiplies or divides a hyperparameter by this")
-    pbt.add_argument("--pbt_replace_fraction", type=float, default=0.3,
-                     help="share of the population that counts as best (copied from) and as worst (replaced)")
-    pbt.add_argument("--pbt_replace_reward_gap", type=float, default=0.35,
-                     help="a worst policy is replaced only if a best one leads it by at least this much "
-                          "true objective (win rate in self-play, frags against bots)")
-    evaluation = parser.add_argument_group("evaluation (--mode eval)")
-    evaluation.add_argument("--checkpoint", default=None,
-                            help="checkpoint file to play (default: the experiment's latest of --policy_index)")
-    evaluation.add_argument("--policy_index", type=int, default=0, help="which policy of the experiment to play")
-    evaluation.add_argument("--max_num_episodes", type=int, default=10, help="games to play")
-    evaluation.add_argument("--eval_deterministic", action="switch",
-                            help="take the most likely action instead of sampling")
-    evaluation.add_argument("--save_video", action="switch",
-                            help="write an H.264 MP4 of the agent's view at the game's resolution, with the score "
-                                 "(pip install imageio imageio-ffmpeg)")
-    evaluation.add_argument("--video_frames", type=int, default=10**9, help="stop the video after this many frames")
-    evaluation.add_argument("--video_path", default=None,
-                            help="where the MP4 goes (default: train_dir/experiment/eval_<policy>.mp4)")
+    for extra in EXTRAS:  # the extras below the core: their own flags
+        extra.add_flags(parser)
     return parser
+
+
+def listed(items: list[str], separator: str = ", ", last: str = " and ") -> str:
+    return separator.join(items[:-1]) + (last if len(items) > 1 else "") + items[-1]
+
+
+def encoder_activations() -> str:
+    """"ELU for convnet_simple, ReLU for convnet_atari and resnet": each encoder's activation."""
+    by_activation: dict[str, list[str]] = {}
+    for name, encoder in CONV_ENCODERS.items():
+        by_activation.setdefault(encoder.activation.__name__, []).append(name)
+    return ", ".join(f"{activation} for {listed(names)}" for activation, names in by_activation.items())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -444,6 +432,11 @@ def host_reads_stall(device: torch.device) -> bool:
     return torch.device(device).type != "cpu"
 
 
+def distributed() -> bool:
+    """Whether this process is one of torchrun's ranks (the EXTRAS block multi-node joined them)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux lists them (empty elsewhere: float32 is the safe guess)."""
     try:
@@ -460,21 +453,12 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     if env_problem:
         errors.append(env_problem)
     errors += envs.flag_errors(cfg)
-    for flag in ["max_num_episodes", "video_frames", "num_workers", "num_envs_per_worker", "worker_num_splits", "num_policies",
-                 "policy_workers_per_policy", "remap_policies_every", "rollout", "batch_size", "num_epochs",
-                 "num_batches_per_epoch", "hidden_size", "max_policy_lag",
-                 "env_frameskip", "train_for_env_steps", "keep_checkpoints", "learner_threads",
-                 "policy_worker_threads", "lr_decay_frames"]:
-        if getattr(cfg, flag) is not None and getattr(cfg, flag) <= 0:  # None: an optional flag left unset
-            errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
-    for flag in ["learning_rate", "save_every_sec", "report_every_sec", "train_for_seconds",
-                 "ppo_clip_ratio", "ppo_clip_value", "adam_eps", "max_grad_norm", "vtrace_rho", "vtrace_c",
-                 "env_step_timeout", "distributed_timeout"]:
-        if not getattr(cfg, flag) > 0:
-            errors.append(f"--{flag} must be positive, got {getattr(cfg, flag)}")
-    for flag in ["policy_index", "max_restarts", "value_loss_coeff", "exploration_loss_coeff", "seed"]:
-        if getattr(cfg, flag) is not None and not getattr(cfg, flag) >= 0:
-            errors.append(f"--{flag} must be 0 or more, got {getattr(cfg, flag)}")
+    for action in build_parser()._actions:  # the flags marked positive or at_least_0 where they are declared
+        value, bound = getattr(cfg, action.dest, None), getattr(action, "bound", None)
+        if bound == "positive" and value is not None and not value > 0:  # None: an optional flag left unset
+            errors.append(f"--{action.dest} must be positive, got {value}")
+        elif bound == "at_least_0" and value is not None and not value >= 0:
+            errors.append(f"--{action.dest} must be 0 or more, got {value}")
     if any(width <= 0 for width in cfg.encoder_mlp_layers):
         errors.append(f"--encoder_mlp_layers must be positive widths, got {' '.join(map(str, cfg.encoder_mlp_layers))}")
     if not 0 <= cfg.gae_lambda <= 1:
@@ -502,31 +486,12 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
         errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
     elif cfg.past_opponents_fraction > 0 and envs.num_agents_of(cfg.env) == 1:
         errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
-    if cfg.mode == "train":
-        eval_flags = {"checkpoint": cfg.checkpoint is not None, "save_video": cfg.save_video,
-                      "video_path": cfg.video_path is not None, "eval_deterministic": cfg.eval_deterministic}
-        errors += [f"--{flag} is for --mode eval (training resumes from the experiment's latest checkpoint)"
-                   for flag, given in eval_flags.items() if given]
-    if cfg.with_pbt and cfg.num_policies < 2:
-        errors.append(f"--with_pbt needs a population: use --num_policies 2 or more (got {cfg.num_policies})")
-    if cfg.with_pbt and not (0 <= cfg.pbt_mutation_rate <= 1 and cfg.pbt_mutation_factor > 1
-                             and 0 < cfg.pbt_replace_fraction <= 0.5 and cfg.pbt_period_env_steps > 0):
-        errors.append("PBT flags out of range: --pbt_mutation_rate in [0, 1], --pbt_mutation_factor above 1, "
-                      "--pbt_replace_fraction in (0, 0.5], --pbt_period_env_steps positive")
     if not cfg.async_rl:
         errors += synchronous_errors(cfg, envs.num_agents_of(cfg.env))
-    if cfg.world_size > 1 and cfg.serial_mode:
-        errors.append("--serial_mode under torchrun: serial mode is one process on one machine; drop one of them")
-    if cfg.world_size > 1 and cfg.num_policies != 1:
-        errors.append(f"--num_policies {cfg.num_policies} under torchrun: multi-node training is for one policy; "
-                      "use --num_policies 1")
-    if cfg.with_wandb and importlib.util.find_spec("wandb") is None:
-        errors.append("--with_wandb needs the wandb package: pip install wandb")
-    if cfg.save_video and not all(importlib.util.find_spec(name) for name in ("imageio", "imageio_ffmpeg")):
-        errors.append("--save_video needs the imageio and imageio-ffmpeg packages (they write H.264): "
-                      "pip install imageio imageio-ffmpeg")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         errors.append("--device cuda but torch sees no GPU: use --device cpu or install a CUDA build of torch")
+    for extra in EXTRAS:
+        errors += extra.flag_errors(cfg)
     return errors
 
 
@@ -641,8 +606,8 @@ def print_errors(errors: list[str], most: int = 3):
 # =============================================================================================
 
 # Flags that fix the shape of the model (and what its buffers mean).
-MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonlinearity", "doom_game_variables",
-               "normalize_input", "normalize_returns"]
+MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonlinearity", "normalize_input",
+               "normalize_returns", *envs.model_flags()]  # and env families' flags that change what the model sees
 
 
 # ... and of the data: a resumed experiment must keep them.
@@ -864,12 +829,21 @@ def impala_resnet(channels: int) -> nn.Sequential:
     return nn.Sequential(*modules, nn.ReLU(), nn.Flatten())
 
 
-# Encoders for images: name -> (builder from the input's channels, the nonlinearity used in the
-# rest of the model: the vector MLP and the FC after the encoders).
-CONV_ENCODERS = {
-    "convnet_simple": (plain_convnet([(32, 8, 4), (64, 4, 2), (128, 3, 2)], nn.ELU), nn.ELU),
-    "convnet_atari": (plain_convnet([(32, 8, 4), (64, 4, 2), (64, 3, 1)], nn.ReLU), nn.ReLU),
-    "resnet": (impala_resnet, nn.ReLU),
+class ConvEncoder(typing.NamedTuple):
+    build: Callable[[int], nn.Module]  # from the input's channels to a module ending in a flat vector
+    activation: type[nn.Module]  # the rest of the model's (the vector MLP, the FC after the encoders)
+    about: str  # for --help
+
+
+CONV_ENCODERS = {  # --encoder's choices and help come from here
+    "convnet_simple": ConvEncoder(plain_convnet([(32, 8, 4), (64, 4, 2), (128, 3, 2)], nn.ELU), nn.ELU,
+                                  "the Sample Factory paper's (32/64/128 channels, ELU)"),
+    "convnet_atari": ConvEncoder(plain_convnet([(32, 8, 4), (64, 4, 2), (64, 3, 1)], nn.ReLU), nn.ReLU,
+                                 "the DQN paper's Nature CNN (32/64/64 channels, ReLU, as in Sample Factory's and "
+                                 "CleanRL's Atari configs)"),
+    "resnet": ConvEncoder(impala_resnet, nn.ReLU, "the IMPALA paper's deep encoder (3 stages of conv, max-pool and "
+                                                  "2 residual blocks, 16/32/32 channels, ReLU), the paper's choice for "
+                                                  "DMLab"),
 }
 
 
@@ -905,7 +879,7 @@ class ActorCritic(nn.Module):
         self.action_dist = action_distribution(action_space)
         self.encoders = nn.ModuleDict()
         features = 0
-        image_encoder, activation = CONV_ENCODERS[cfg.encoder]
+        image_encoder, activation, _ = CONV_ENCODERS[cfg.encoder]
         if cfg.nonlinearity != "auto":
             activation = NONLINEARITIES[cfg.nonlinearity]
         for key, (shape, _) in obs_shapes(obs_space).items():
@@ -2129,25 +2103,41 @@ class RolloutWorker:
                                          "true_objective": float(info.get("true_objective", info["true_return"])),
                                          "true_length": int(info["true_length"])})
 
-    def run(self):
-        parent = os.getppid()
+    def start(self) -> bool:
+        """Resets every env and asks for the first actions; False if the run stopped meanwhile."""
         if not self.reset_all():
-            return
+            return False
         for split in range(self.cfg.worker_num_splits):
             self.request_actions(split)
+        return True
+
+    def work(self, timeout: float) -> bool | None:
+        """One turn of the worker's loop, in its process (run) or in --serial_mode: asks again for
+        lost requests, lets go the parked splits whose weights arrived, steps a split whose actions
+        all arrived (waiting up to `timeout` for one) and asks for its next. None: no split was
+        ready; False: the worker must stop (it found no free slot before the run stopped)."""
+        self.resend_lost_requests()
+        self.resume_parked()
+        split = self.slots.control.wait_any(self.worker_id, timeout=timeout)
+        if split is None:
+            return None
+        if not self.step_split(split):
+            return False
+        self.ask_for_actions(split)
+        return True
+
+    def run(self):
+        parent = os.getppid()
+        if not self.start():
+            return
         last_report = time.monotonic()
         while not self.shared.run.should_stop() and parent_alive(parent):
             self.shared.run.beat(self.process_index)
-            self.resend_lost_requests()
-            self.resume_parked()
             # a parked split waits for the learner, which wakes no one: look again soon
-            split = self.slots.control.wait_any(self.worker_id, timeout=0.001 if self.gate.parked else 0.5)
-            if split is None:
-                continue
-            if not self.step_split(split):
+            worked = self.work(timeout=0.001 if self.gate.parked else 0.5)
+            if worked is False:
                 return
-            self.ask_for_actions(split)
-            if time.monotonic() - last_report > 2.0:
+            if worked and time.monotonic() - last_report > 2.0:
                 self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.env_step_s,
                                              "process": self.process_index})
                 self.env_step_s = 0.0
@@ -2304,6 +2294,12 @@ class PolicyWorker:
         longer does: the runner reclaimed its slots) or has asked for that split again since."""
         return self.control.stale(requests.workers, requests.splits, requests.generations, requests.slots)
 
+    def serve(self, messages: list[tuple[int, ...]]):
+        """Acts on a batch of requests with the latest weights, in its process or in --serial_mode."""
+        # after the wait, not before it: requests that waited for new weights (--no-async_rl) get them
+        self.load_latest_weights()
+        self.act_on(messages)
+
     def act_on(self, messages: list[tuple[int, ...]]):
         times = self.times
         with times("gather"):
@@ -2404,10 +2400,8 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
                 requests = worker.requests.get_many(timeout=0.5)
             except queue.Empty:
                 continue
-        # after the wait, not before it: requests that waited for new weights (--no-async_rl) get them
-        worker.load_latest_weights()
         start = time.perf_counter()
-        worker.act_on(requests)
+        worker.serve(requests)
         busy_s += time.perf_counter() - start
         if time.monotonic() - last_report > 2.0:
             shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s,
@@ -2552,10 +2546,8 @@ class Learner:
             self.policy_version, self.env_frames = checkpoint["policy_version"], checkpoint["env_frames"]
             print(f"policy {policy_id} resumed from policy version {self.policy_version}, "
                   f"{self.env_frames:,} env frames ({checkpoint['path']})", flush=True)
-        if cfg.world_size > 1:
-            init_distributed(cfg)
-            broadcast_training_state(self)
-            shared.weights[policy_id].publish(self.model, self.policy_version)  # act with rank 0's weights
+        for extra in EXTRAS:
+            extra.learner_start(self)
         self.hyperparams_version, self.copy_request = -1, 0  # what PolicyHyperparams asked of it so far
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = trajectories_per_batch(cfg)
@@ -2583,19 +2575,14 @@ class Learner:
         acted by the weights of one or two versions ago, however slow it is. The price is the
         copy, a few milliseconds a batch, on the learner's critical path.
         """
-        learner_queue = self.shared.learner_queues[self.policy_id]
         pending = []
         try:
             while self.batching():
                 try:
-                    messages = learner_queue.get_many(max_messages=self.slots_per_batch - len(pending), timeout=0.5)
-                except queue.Empty:
-                    continue
+                    if not self.collect(pending, timeout=0.5):
+                        continue
                 except appo_ipc.Closed:
                     return
-                pending += self.claim(messages)
-                if len(pending) < self.slots_per_batch:
-                    continue
                 while self.batching() and not self.learner_waiting.wait(timeout=0.5):
                     pass
                 if not self.batching():
@@ -2611,6 +2598,18 @@ class Learner:
         finally:  # at the end every slot is free or with a rollout worker (scripts/chaos.py counts them)
             if pending:
                 self.shared.slots.control.release(pending)
+
+    def collect(self, pending: list[int], timeout: float) -> bool:
+        """Adds to `pending` the finished slots in this learner's queue (waiting up to `timeout` for
+        some), up to a batch, each claimed from its worker; True when `pending` holds a batch. The
+        batcher's step, and --serial_mode's."""
+        try:
+            messages = self.shared.learner_queues[self.policy_id].get_many(
+                max_messages=self.slots_per_batch - len(pending), timeout=timeout)
+        except queue.Empty:
+            return False
+        pending += self.claim(messages)
+        return len(pending) == self.slots_per_batch
 
     def claim(self, handed_off: list[tuple[int, int, int]]) -> list[int]:
         """Takes the slots that rollout workers handed off, each from the worker that sent it and in
@@ -2646,26 +2645,9 @@ class Learner:
         self.learner_waiting.clear()  # the batcher copies into a set of buffers only while the learner waits
         return batch
 
-    def follow_population(self):
-        """Takes the hyperparameters and, when asked, the weights that population-based training chose."""
-        hyperparams = self.shared.hyperparams
-        if int(hyperparams.copy_request[self.policy_id]) != self.copy_request:
-            self.copy_request = int(hyperparams.copy_request[self.policy_id])
-            source = int(hyperparams.copy_source[self.policy_id])
-            while self.shared.weights[source].load_into(self.model) is None:  # the source learner was writing
-                time.sleep(0.001)
-            # Adam's moments describe the old weights' loss surface, not the copied ones'
-            self.optimizer.state.clear()
-            print(f"policy {self.policy_id} now trains a copy of policy {source}'s weights", flush=True)
-        if int(hyperparams.version[self.policy_id]) != self.hyperparams_version:
-            self.hyperparams_version = int(hyperparams.version[self.policy_id])
-            row = hyperparams.row(self.policy_id)
-            self.cfg.learning_rate, self.cfg.exploration_loss_coeff = row["learning_rate"], row["exploration_loss_coeff"]
-            for group in self.optimizer.param_groups:
-                group["lr"], group["betas"] = row["learning_rate"], (row["adam_beta1"], self.cfg.adam_beta2)
-
     def train_step(self, batch, report: bool = True) -> dict:
-        self.follow_population()
+        for extra in EXTRAS:
+            extra.before_sgd(self)
         self.apply_lr_schedule()
         started = time.perf_counter()
         stats = self.sgd_step(batch, report)
@@ -2741,10 +2723,8 @@ class Learner:
             self.batcher_stop.set()
             batcher.join(timeout=10.0)
         self.save()
-        if distributed():
-            print(f"rank {self.cfg.rank}: policy version {self.policy_version}, weights checksum "
-                  f"{weights_checksum(self.model)}", flush=True)
-            torch.distributed.destroy_process_group()
+        for extra in EXTRAS:
+            extra.learner_stop(self)
 
     def train_and_report(self, batch: dict[str, torch.Tensor]):
         """One training step, its time and (when due) its statistics to the runner, and a
@@ -2815,6 +2795,86 @@ def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces
 # PLUMBING: runner: probes the env, spawns and supervises everything, prints status, writes
 # summaries, stops cleanly
 # =============================================================================================
+
+# The runner's seams. An extra (TensorBoard, PBT, torchrun, evaluation: the EXTRAS blocks below
+# the core) attaches here as an env family attaches to env.py: a class with its flags, their checks
+# and what it does at the runner's moments, registered with one `EXTRAS.append(...)` line.
+
+class Extra:
+    """One optional part of the trainer. Every method is optional. The runner makes one of each
+    registered class when the run starts (the shared state made, no child started yet) and calls
+    it every round of its loop, whenever a report is due, and once when the run stops; learners
+    call `before_sgd` in their own processes."""
+
+    mode: str | None = None  # a --mode of its own, e.g. "eval", run by main(cfg) instead of training
+    mode_help = ""
+
+    @staticmethod
+    def main(cfg) -> int:
+        """Its --mode: returns the exit code."""
+        return 0
+
+    @staticmethod
+    def add_flags(parser: argparse.ArgumentParser) -> None:
+        """Declares its flags, in an argument group of its own."""
+
+    @staticmethod
+    def flag_errors(cfg) -> list[str]:
+        """Its checks of the flags, before anything starts."""
+        return []
+
+    @staticmethod
+    def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
+        """Its checks of the flags against the env the runner made (spaces, agents)."""
+        return []
+
+    @staticmethod
+    def learner_start(learner: "Learner") -> None:
+        """In a learner, once its model and optimiser exist (resumed from the checkpoint, if any)."""
+
+    @staticmethod
+    def before_sgd(learner: "Learner") -> None:
+        """In a learner, before each training step."""
+
+    @staticmethod
+    def learner_stop(learner: "Learner") -> None:
+        """In a learner, after its final checkpoint."""
+
+    @staticmethod
+    def scalars(run: "Run") -> dict[str, float]:
+        """Figures it adds to each report's summaries (TensorBoard tag -> value)."""
+        return {}
+
+    def __init__(self, run: "Run"):
+        """The run starts."""
+
+    def round(self, run: "Run") -> None:
+        """Every round of the runner's loop (10 a second)."""
+
+    def report(self, run: "Run") -> None:
+        """Every --report_every_sec, after the status line."""
+
+    def stop(self, run: "Run") -> None:
+        """The run ends (its workers stopped, its final status line printed), however it ends."""
+
+
+EXTRAS: list[type[Extra]] = []  # filled in by the EXTRAS blocks below the core, in their order
+
+
+@dataclass
+class Run:
+    """A training run as the runner's moments see it."""
+    cfg: argparse.Namespace
+    seed_drawn: bool
+    shared: Shared
+    model: ActorCritic  # a CPU copy that never trains: scratch space for an extra that loads weights
+    stats: Stats
+    workers: "Supervisor | SerialRun"
+    start: float = 0.0
+    elapsed: float = 0.0
+    exit_code: int = 0
+    result: "TrainResult | None" = None  # what train() returns; reporting fills in its figures
+
 
 @dataclass
 class EnvProbe:
@@ -3067,30 +3127,27 @@ class SerialRun:
 
     def start_all(self):
         for worker in self.rollout_workers:
-            worker.reset_all()
-            for split in range(self.cfg.worker_num_splits):
-                worker.request_actions(split)
+            worker.start()
 
-    def check(self) -> None:
-        """One round: each policy acts on every request, each split whose actions all arrived steps
-        once and asks again, each learner trains on every complete batch."""
+    def check(self) -> str | None:
+        """One round, each step the one the processes take: each policy acts on every request, each
+        split whose actions all arrived steps once and asks again, each learner trains on every
+        complete batch. Like the Supervisor's, a reason to stop or None."""
         started = time.perf_counter()
         for policy_worker in self.policy_workers:
-            policy_worker.load_latest_weights()
-            policy_worker.act_on(drain(policy_worker.requests))
+            policy_worker.serve(drain(policy_worker.requests))
         acted = time.perf_counter()
         for worker in self.rollout_workers:
-            worker.resume_parked()
-            while (split := self.shared.slots.control.wait_any(worker.worker_id, timeout=0)) is not None:
-                worker.step_split(split)
-                worker.ask_for_actions(split)
+            while (worked := worker.work(timeout=0)):
+                pass
+            if worked is False:
+                return f"rollout worker {worker.worker_id} found no free slot"
         for component, busy_s in (("inference", acted - started), ("env", time.perf_counter() - acted)):
             self.shared.stats_queue.put({"type": "timing", "component": component, "busy_s": busy_s})
         for learner, pending in zip(self.learners, self.pending):
-            pending += learner.claim(drain(self.shared.learner_queues[learner.policy_id]))
-            while len(pending) >= learner.slots_per_batch:
-                learner.train_and_report(learner.take_batch(pending[:learner.slots_per_batch]))
-                del pending[:learner.slots_per_batch]
+            while learner.collect(pending, timeout=0):
+                learner.train_and_report(learner.take_batch(pending))
+                pending.clear()
         return None
 
     def stop(self):
@@ -3189,14 +3246,6 @@ def best_and_median(histories: list[deque]) -> str | None:
     return f"best {means[leader]:.2f} (p{leader}) median {np.median(list(means.values())):.2f}"
 
 
-def policies_line(cfg) -> str | None:
-    """A run's line on where each policy's figures are, when the status line shows their aggregate."""
-    if cfg.num_policies <= MOST_POLICIES_SHOWN:
-        return None
-    return (f"{cfg.num_policies} policies: status lines show the highest lag and the best and median average "
-            f"return; each policy's figures are in TensorBoard under p0/ to p{cfg.num_policies - 1}/")
-
-
 def progress(cfg, stats: Stats, shared: Shared, elapsed: float) -> str | None:
     """Where the run stands against its budget: the share of --train_for_env_steps trained and the
     time left at the last minute's rate, or the time left of --train_for_seconds if that ends first."""
@@ -3241,105 +3290,6 @@ class TrainResult:
     checkpoints: list[str | None] = dataclasses.field(default_factory=list)  # each policy's latest
 
 
-def final_result(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns: list[float],
-                 exit_code: int) -> TrainResult:
-    """The figures of a finished run, read once: the summary lines are written from them."""
-    saved = [sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")))
-             for policy_id in range(cfg.num_policies)]
-    return TrainResult(
-        exit_code=exit_code, seconds=elapsed, frames_collected=frames_collected(cfg, shared),
-        frames_trained=[int(frames) for frames in shared.run.learner_frames],
-        average_returns=[float(np.mean(returns)) if returns else float("nan") for returns in stats.episode_returns],
-        games_averaged=[len(returns) for returns in stats.episode_returns],
-        best_average_returns=[float(best) if np.isfinite(best) else float("nan") for best in best_returns],
-        checkpoints=[paths[-1] if paths else None for paths in saved])
-
-
-def end_of_run_lines(cfg, result: TrainResult) -> list[str]:
-    """The run's last lines: what it trained, how well, where it saved, how to watch it play."""
-    lines = []
-    for policy_id in range(cfg.num_policies):
-        best = result.best_average_returns[policy_id]
-        best = f" (best 100-game average at a status line {best:.2f})" if np.isfinite(best) else ""
-        score = (f"average return {result.average_returns[policy_id]:.2f} over the last "
-                 f"{result.games_averaged[policy_id]} games{best}" if result.games_averaged[policy_id]
-                 else "no game finished")
-        prefix = f"policy {policy_id}: " if cfg.num_policies > 1 else ""
-        lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
-                     f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
-    lines.append(f"watch it play: python appo.py --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
-                 f"--experiment {cfg.experiment} --save_video")
-    return lines
-
-
-class Summaries:
-    """TensorBoard event files under the experiment, mirrored to Weights & Biases with --with_wandb.
-    Under torchrun only rank 0 writes them."""
-
-    def __init__(self, cfg):
-        from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(os.path.join(experiment_dir(cfg), "tb")) if cfg.rank == 0 else None
-        self.wandb_run = start_wandb(cfg) if cfg.with_wandb and cfg.rank == 0 else None
-
-    def write(self, cfg, stats: Stats, shared: Shared):
-        if self.writer is None:
-            return
-        frames = frames_collected(cfg, shared)
-        scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts,
-                   **{f"perf/busy_{kind}": share for kind, share in stats.busy_shares.items()},
-                   **{f"perf/{kind}_{stage}": share for (kind, stage), share in stats.stage_shares.items()}}
-        if stats.mean_batch is not None:
-            scalars["perf/inference_batch"] = stats.mean_batch
-        for policy_id in range(cfg.num_policies):
-            if stats.episode_returns[policy_id]:
-                scalars[f"p{policy_id}/true_return"] = float(np.mean(stats.episode_returns[policy_id]))
-            if stats.episode_objectives[policy_id]:  # emptied when PBT replaces the policy
-                scalars[f"p{policy_id}/true_objective"] = float(np.mean(stats.episode_objectives[policy_id]))
-                scalars[f"p{policy_id}/episode_frames"] = float(np.mean(stats.episode_lengths[policy_id]))
-            for key, value in stats.learner[policy_id].items():
-                if isinstance(value, (int, float)) and key != "policy_id":
-                    scalars[f"p{policy_id}/{key}"] = value
-            scalars[f"p{policy_id}/fps"] = stats.policy_fps(policy_id, 60)
-            # the step is frames collected; Sample Factory's curves are against frames trained
-            scalars[f"p{policy_id}/frames_trained"] = int(shared.run.learner_frames[policy_id])
-            if cfg.with_pbt:
-                for name, value in shared.hyperparams.row(policy_id).items():
-                    scalars[f"p{policy_id}/hyperparams/{name}"] = value
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, frames)
-        if self.wandb_run is not None:
-            self.wandb_run.log({**scalars, "env_frames": frames})
-
-    def close(self):
-        if self.writer is not None:
-            self.writer.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
-
-
-def start_wandb(cfg):
-    """One W&B run per experiment: a resumed experiment continues the same run (its id is saved).
-    W&B writes only in the experiment's folder: its run files under wandb/, and its service's own
-    logs (otherwise in ~/.cache/wandb) under wandb/cache/, unless WANDB_CACHE_DIR says elsewhere."""
-    os.environ.setdefault("WANDB_CACHE_DIR", os.path.join(os.path.abspath(experiment_dir(cfg)), "wandb", "cache"))
-    import wandb
-    id_path = os.path.join(experiment_dir(cfg), "wandb_run_id")
-    if os.path.exists(id_path):
-        with open(id_path) as f:
-            run_id = f.read().strip()
-    else:  # a W&B sweep's agent names the run it started us for: a run of another id is not the sweep's
-        run_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:12]
-        with open(id_path, "w") as f:
-            f.write(run_id)
-    run = wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
-                     id=run_id, resume="allow", config=vars(cfg), dir=experiment_dir(cfg))
-    # every chart against env frames, as in TensorBoard: W&B's own step counts log calls, so runs
-    # of another speed or --report_every_sec would not line up
-    run.define_metric("env_frames")
-    run.define_metric("*", step_metric="env_frames")
-    return run
-
-
 def save_config(cfg):
     os.makedirs(experiment_dir(cfg), exist_ok=True)
     path = os.path.join(experiment_dir(cfg), "config.json")
@@ -3356,41 +3306,6 @@ def start_line(cfg, seed_drawn: bool = False) -> str:
     seed = f"seed {cfg.seed}" + (f" (drawn: --seed {cfg.seed} repeats it)" if seed_drawn else "")
     return (f"training {cfg.env} on {cfg.device} {processes}{ranks} in {folder}; "
             f"follow it with tensorboard --logdir {folder}; {seed}; Ctrl-C saves and stops, the same command resumes")
-
-
-def family_line(cfg) -> str | None:
-    """A run's second line: the defaults its env family set, and where this run's flags differ."""
-    family, defaults = envs.family_of(cfg.env), envs.env_defaults(cfg.env)
-    if family is None or not defaults:
-        return None
-
-    def shown(value) -> str:
-        return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-
-    parts = []
-    for flag, value in defaults.items():
-        now = getattr(cfg, flag)
-        if flag in cfg.flags_given:
-            parts.append(f"--{flag} {shown(value)} (yours: {shown(now)})")
-        else:
-            parts.append(f"--{flag} {shown(value)}" + (f" (now {shown(now)})" if now != value else ""))
-    return f"defaults of {family.title}: " + ", ".join(parts)
-
-
-def resumed_line(cfg) -> str | None:
-    """A run in an experiment folder that has run before (--restart_behavior resume): which flags
-    differ from that run's (its config.json), so that a changed flag is never a silent change."""
-    path = os.path.join(experiment_dir(cfg), "config.json")
-    if cfg.rank != 0 or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        saved = json.load(f)
-    bookkeeping = {"flags_given", "rank", "world_size"} | ({"seed"} - set(cfg.flags_given))  # a drawn seed is new
-    differ = [f"--{flag} {value} (saved: {saved[flag]})" for flag, value in sorted(vars(cfg).items())
-              if flag in saved and flag not in bookkeeping and json.loads(json.dumps(value)) != saved[flag]]
-    return (f"resuming the experiment in {experiment_dir(cfg)}; "
-            + ("flags that differ from its saved config.json: " + ", ".join(differ) if differ
-               else "its flags are the saved ones"))
 
 
 class StopRequested(Exception):
@@ -3450,93 +3365,78 @@ def run_training(cfg, watch) -> TrainResult:
         cfg.seed = random.randrange(2**31)
     torch.manual_seed(cfg.seed)
     print(start_line(cfg, seed_drawn), flush=True)
-    for line in (family_line(cfg), resumed_line(cfg), policies_line(cfg)):
-        if line:
-            print(line, flush=True)
     try:
         probe = probe_env(cfg)
     except Exception as error:  # the env itself is broken: no worker would do better
         print(f"error: {cfg.env} failed to start ({type(error).__name__}: {error}); its engine's output is in "
               f"{engine_log_path(cfg, 'probe')}", file=sys.stderr)
         return TrainResult(exit_code=1)
-    errors = probe_errors(cfg, probe)
+    errors = probe_errors(cfg, probe) + [error for extra in EXTRAS for error in extra.probe_errors(cfg, probe)]
     if errors:
         print_errors(errors)
         return TrainResult(exit_code=2)
-    spaces_pair = probe.spaces
-    model = ActorCritic(*spaces_pair, cfg)
+    model = ActorCritic(*probe.spaces, cfg)
     shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
-    if cfg.rank == 0:  # under torchrun, rank 0 writes config, summaries and checkpoints
-        save_config(cfg)
-    summaries = Summaries(cfg)
-    stats, exit_code = Stats(cfg.num_policies), 0
-    population = PopulationBasedTraining(cfg, shared.hyperparams) if cfg.with_pbt else None  # resumes its state
-    next_past_opponent, rng = time.monotonic(), random.Random(cfg.seed)
+    if cfg.serial_mode:
+        workers = SerialRun(cfg, shared, probe.spaces)
+    else:
+        workers = Supervisor(cfg, shared, make_children(cfg, shared, probe.spaces), multiprocessing.get_context("spawn"))
+    run, extras = Run(cfg, seed_drawn, shared, model, Stats(cfg.num_policies), workers, start=time.monotonic()), []
 
     def request_stop(signum, frame):
         raise StopRequested()
 
     previous_handlers = {signum: signal.signal(signum, request_stop) for signum in (signal.SIGINT, signal.SIGTERM)}
-    if cfg.serial_mode:
-        workers = SerialRun(cfg, shared, spaces_pair)
-    else:
-        workers = Supervisor(cfg, shared, make_children(cfg, shared, spaces_pair), multiprocessing.get_context("spawn"))
-    start = last_report = time.monotonic()
-    best_returns = [float("-inf")] * cfg.num_policies  # the best 100-game average at a status line
     try:
+        for extra in EXTRAS:
+            extras.append(extra(run))
+        if cfg.rank == 0:  # under torchrun, rank 0 writes config, summaries and checkpoints
+            save_config(cfg)
+        run.start = last_report = time.monotonic()
         workers.start_all()
         while True:
             if not cfg.serial_mode:
                 time.sleep(0.1)  # the children work meanwhile
             for message in drain(shared.stats_queue):
-                stats.consume(message)
+                run.stats.consume(message)
             now = time.monotonic()
-            stats.frame_history.append((now, frames_collected(cfg, shared)))
-            stats.policy_frame_history.append((now, shared.run.learner_frames.copy()))
+            run.stats.frame_history.append((now, frames_collected(cfg, shared)))
+            run.stats.policy_frame_history.append((now, shared.run.learner_frames.copy()))
             if shared.run.should_stop():  # under torchrun: another rank ended the run
                 break
             stop_reason = workers.check()  # serial mode: one round of the work itself
             if stop_reason:
                 print(f"error: {stop_reason}; stopping", flush=True)
-                exit_code = 1
+                run.exit_code = 1
                 break
-            stats.restarts = workers.num_restarts
+            run.stats.restarts = workers.num_restarts
             if watch is not None:
-                watch(shared, workers, stats)
-            if population is not None:
-                population.step(stats, shared)
-            if past_policy_id(cfg) is not None and now >= next_past_opponent:
-                path = refresh_past_opponent(cfg, shared, model, rng)
-                next_past_opponent = now + (cfg.past_opponent_refresh_sec if path else 5.0)  # no checkpoint yet: soon
-                if path:
-                    print(f"past-version opponents now play {path}", flush=True)
+                watch(shared, workers, run.stats)
+            for extra in extras:
+                extra.round(run)
             if now - last_report >= cfg.report_every_sec and cfg.rank == 0:
-                print(status_line(cfg, stats, shared, now - start), flush=True)
-                best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
-                                for best, returns in zip(best_returns, stats.episode_returns)]
-                summaries.write(cfg, stats, shared)
+                print(status_line(cfg, run.stats, shared, now - run.start), flush=True)
+                for extra in extras:
+                    extra.report(run)
                 last_report = now
-            if shared.run.learner_frames.min() >= cfg.train_for_env_steps or now - start >= cfg.train_for_seconds:
+            if shared.run.learner_frames.min() >= cfg.train_for_env_steps or now - run.start >= cfg.train_for_seconds:
                 break
     except StopRequested:
         print("stop requested: saving and shutting down", flush=True)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        workers.stop()
-        elapsed = time.monotonic() - start
-        result = final_result(cfg, stats, shared, elapsed, best_returns, exit_code)
-        if cfg.rank == 0:
-            print(status_line(cfg, stats, shared, elapsed), flush=True)
-            summaries.write(cfg, stats, shared)
-            if exit_code == 0:
-                print("\n".join(end_of_run_lines(cfg, result)), flush=True)
-        if cfg.world_size > 1:
-            print(f"rank {cfg.rank} collected {int(shared.run.worker_frames.sum()):,} env frames", flush=True)
-        summaries.close()
-        for signum, handler in previous_handlers.items():  # for a caller in this process (tests, serial mode)
-            signal.signal(signum, handler)
-    return result
+        try:
+            workers.stop()
+            run.elapsed = time.monotonic() - run.start
+            if cfg.rank == 0:
+                print(status_line(cfg, run.stats, shared, run.elapsed), flush=True)
+            for extra in reversed(extras):
+                extra.stop(run)
+        finally:
+            for signum, handler in previous_handlers.items():  # for a caller in this process (tests, serial mode)
+                signal.signal(signum, handler)
+    return run.result or TrainResult(exit_code=run.exit_code, seconds=run.elapsed)
 
 
 def drain(ipc_queue: appo_ipc.Queue) -> list:
@@ -3571,12 +3471,240 @@ def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0, learne
 
 
 # =============================================================================================
+# EXTRAS: reporting: TensorBoard and W&B summaries, the run's lines on its defaults and on what it
+# resumes, and its closing lines and figures (TrainResult)
+# =============================================================================================
+
+class Reporting(Extra):
+    """Summaries at every report and at the end, the lines around the status lines, and the
+    figures train() returns."""
+
+    @staticmethod
+    def add_flags(parser: argparse.ArgumentParser):
+        group = parser.add_argument_group("reporting")
+        group.add_argument("--with_wandb", action="switch",
+                           help="also send the summaries and the config to Weights & Biases (pip install wandb; "
+                                "WANDB_MODE=offline works without an account)")
+        group.add_argument("--wandb_project", default="appo", help="W&B project")
+        group.add_argument("--wandb_group", default=None, help="W&B group, e.g. one per sweep")
+        group.add_argument("--wandb_tags", nargs="*", default=[], help="W&B tags")
+
+    @staticmethod
+    def flag_errors(cfg) -> list[str]:
+        if cfg.with_wandb and importlib.util.find_spec("wandb") is None:
+            return ["--with_wandb needs the wandb package: pip install wandb"]
+        return []
+
+    def __init__(self, run: Run):
+        for line in (family_line(run.cfg), resumed_line(run.cfg), policies_line(run.cfg)):  # before config.json is saved
+            if line:
+                print(line, flush=True)
+        self.summaries = Summaries(run.cfg)
+        self.best_returns = [float("-inf")] * run.cfg.num_policies  # the best 100-game average at a status line
+
+    def report(self, run: Run):
+        self.best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
+                             for best, returns in zip(self.best_returns, run.stats.episode_returns)]
+        self.summaries.write(run)
+
+    def stop(self, run: Run):
+        cfg = run.cfg
+        run.result = final_result(cfg, run.stats, run.shared, run.elapsed, self.best_returns, run.exit_code)
+        if cfg.rank == 0:
+            self.summaries.write(run)
+            if run.exit_code == 0:
+                print("\n".join(end_of_run_lines(cfg, run.result)), flush=True)
+        self.summaries.close()
+
+
+def final_result(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns: list[float],
+                 exit_code: int) -> TrainResult:
+    """The figures of a finished run, read once: the summary lines are written from them."""
+    saved = [sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")))
+             for policy_id in range(cfg.num_policies)]
+    return TrainResult(
+        exit_code=exit_code, seconds=elapsed, frames_collected=frames_collected(cfg, shared),
+        frames_trained=[int(frames) for frames in shared.run.learner_frames],
+        average_returns=[float(np.mean(returns)) if returns else float("nan") for returns in stats.episode_returns],
+        games_averaged=[len(returns) for returns in stats.episode_returns],
+        best_average_returns=[float(best) if np.isfinite(best) else float("nan") for best in best_returns],
+        checkpoints=[paths[-1] if paths else None for paths in saved])
+
+
+def end_of_run_lines(cfg, result: TrainResult) -> list[str]:
+    """The run's last lines: what it trained, how well, where it saved, how to watch it play."""
+    lines = []
+    for policy_id in range(cfg.num_policies):
+        best = result.best_average_returns[policy_id]
+        best = f" (best 100-game average at a status line {best:.2f})" if np.isfinite(best) else ""
+        score = (f"average return {result.average_returns[policy_id]:.2f} over the last "
+                 f"{result.games_averaged[policy_id]} games{best}" if result.games_averaged[policy_id]
+                 else "no game finished")
+        prefix = f"policy {policy_id}: " if cfg.num_policies > 1 else ""
+        lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
+                     f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
+    lines.append(f"watch it play: python appo.py --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
+                 f"--experiment {cfg.experiment} --save_video")
+    return lines
+
+
+class Summaries:
+    """TensorBoard event files under the experiment, mirrored to Weights & Biases with --with_wandb.
+    Under torchrun only rank 0 writes them."""
+
+    def __init__(self, cfg):
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(os.path.join(experiment_dir(cfg), "tb")) if cfg.rank == 0 else None
+        self.wandb_run = start_wandb(cfg) if cfg.with_wandb and cfg.rank == 0 else None
+
+    def write(self, run: Run):
+        if self.writer is None:
+            return
+        cfg, stats, shared = run.cfg, run.stats, run.shared
+        frames = frames_collected(cfg, shared)
+        scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts,
+                   **{f"perf/busy_{kind}": share for kind, share in stats.busy_shares.items()},
+                   **{f"perf/{kind}_{stage}": share for (kind, stage), share in stats.stage_shares.items()}}
+        if stats.mean_batch is not None:
+            scalars["perf/inference_batch"] = stats.mean_batch
+        for policy_id in range(cfg.num_policies):
+            if stats.episode_returns[policy_id]:
+                scalars[f"p{policy_id}/true_return"] = float(np.mean(stats.episode_returns[policy_id]))
+            if stats.episode_objectives[policy_id]:  # emptied when PBT replaces the policy
+                scalars[f"p{policy_id}/true_objective"] = float(np.mean(stats.episode_objectives[policy_id]))
+                scalars[f"p{policy_id}/episode_frames"] = float(np.mean(stats.episode_lengths[policy_id]))
+            for key, value in stats.learner[policy_id].items():
+                if isinstance(value, (int, float)) and key != "policy_id":
+                    scalars[f"p{policy_id}/{key}"] = value
+            scalars[f"p{policy_id}/fps"] = stats.policy_fps(policy_id, 60)
+            # the step is frames collected; Sample Factory's curves are against frames trained
+            scalars[f"p{policy_id}/frames_trained"] = int(shared.run.learner_frames[policy_id])
+        for extra in EXTRAS:  # e.g. PBT's hyperparameters
+            scalars.update(extra.scalars(run))
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, frames)
+        if self.wandb_run is not None:
+            self.wandb_run.log({**scalars, "env_frames": frames})
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def start_wandb(cfg):
+    """One W&B run per experiment: a resumed experiment continues the same run (its id is saved).
+    W&B writes only in the experiment's folder: its run files under wandb/, and its service's own
+    logs (otherwise in ~/.cache/wandb) under wandb/cache/, unless WANDB_CACHE_DIR says elsewhere."""
+    os.environ.setdefault("WANDB_CACHE_DIR", os.path.join(os.path.abspath(experiment_dir(cfg)), "wandb", "cache"))
+    import wandb
+    id_path = os.path.join(experiment_dir(cfg), "wandb_run_id")
+    if os.path.exists(id_path):
+        with open(id_path) as f:
+            run_id = f.read().strip()
+    else:  # a W&B sweep's agent names the run it started us for: a run of another id is not the sweep's
+        run_id = os.environ.get("WANDB_RUN_ID") or uuid.uuid4().hex[:12]
+        with open(id_path, "w") as f:
+            f.write(run_id)
+    run = wandb.init(project=cfg.wandb_project, group=cfg.wandb_group, tags=cfg.wandb_tags, name=cfg.experiment,
+                     id=run_id, resume="allow", config=vars(cfg), dir=experiment_dir(cfg))
+    # every chart against env frames, as in TensorBoard: W&B's own step counts log calls, so runs
+    # of another speed or --report_every_sec would not line up
+    run.define_metric("env_frames")
+    run.define_metric("*", step_metric="env_frames")
+    return run
+
+
+def family_line(cfg) -> str | None:
+    """A run's second line: the defaults its env family set, and where this run's flags differ."""
+    family, defaults = envs.family_of(cfg.env), envs.env_defaults(cfg.env)
+    if family is None or not defaults:
+        return None
+
+    def shown(value) -> str:
+        return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+    parts = []
+    for flag, value in defaults.items():
+        now = getattr(cfg, flag)
+        if flag in cfg.flags_given:
+            parts.append(f"--{flag} {shown(value)} (yours: {shown(now)})")
+        else:
+            parts.append(f"--{flag} {shown(value)}" + (f" (now {shown(now)})" if now != value else ""))
+    return f"defaults of {family.title}: " + ", ".join(parts)
+
+
+def resumed_line(cfg) -> str | None:
+    """A run in an experiment folder that has run before (--restart_behavior resume): which flags
+    differ from that run's (its config.json), so that a changed flag is never a silent change."""
+    path = os.path.join(experiment_dir(cfg), "config.json")
+    if cfg.rank != 0 or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        saved = json.load(f)
+    bookkeeping = {"flags_given", "rank", "world_size"} | ({"seed"} - set(cfg.flags_given))  # a drawn seed is new
+    differ = [f"--{flag} {value} (saved: {saved[flag]})" for flag, value in sorted(vars(cfg).items())
+              if flag in saved and flag not in bookkeeping and json.loads(json.dumps(value)) != saved[flag]]
+    return (f"resuming the experiment in {experiment_dir(cfg)}; "
+            + ("flags that differ from its saved config.json: " + ", ".join(differ) if differ
+               else "its flags are the saved ones"))
+
+
+def policies_line(cfg) -> str | None:
+    """A run's line on where each policy's figures are, when the status line shows their aggregate."""
+    if cfg.num_policies <= MOST_POLICIES_SHOWN:
+        return None
+    return (f"{cfg.num_policies} policies: status lines show the highest lag and the best and median average "
+            f"return; each policy's figures are in TensorBoard under p0/ to p{cfg.num_policies - 1}/")
+
+
+EXTRAS.append(Reporting)
+
+
+# =============================================================================================
 # EXTRAS: multi-node (torchrun): each rank runs the whole trainer on its own experience; the
 # learners average their gradients every step (DD-PPO's scheme), so the weights stay identical
 # =============================================================================================
 
-def distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
+class Torchrun(Extra):
+    """Under torchrun (WORLD_SIZE above 1): joins the ranks' learners, starts them all from rank 0's
+    state, and at the end says what each rank did."""
+
+    @staticmethod
+    def add_flags(parser: argparse.ArgumentParser):
+        group = parser.add_argument_group("multi-node (torchrun)")
+        positive(group.add_argument("--distributed_timeout", type=float, default=300.0,
+                                     help="under torchrun: seconds a learner waits for the other ranks' learners before "
+                                          "giving up (their first batches can take a while)"))
+
+    @staticmethod
+    def flag_errors(cfg) -> list[str]:
+        errors = []
+        if cfg.world_size > 1 and cfg.serial_mode:
+            errors.append("--serial_mode under torchrun: serial mode is one process on one machine; drop one of them")
+        if cfg.world_size > 1 and cfg.num_policies != 1:
+            errors.append(f"--num_policies {cfg.num_policies} under torchrun: multi-node training is for one policy; "
+                          "use --num_policies 1")
+        return errors
+
+    @staticmethod
+    def learner_start(learner: Learner):
+        if learner.cfg.world_size > 1:
+            init_distributed(learner.cfg)
+            broadcast_training_state(learner)
+            learner.shared.weights[learner.policy_id].publish(learner.model, learner.policy_version)  # rank 0's
+
+    @staticmethod
+    def learner_stop(learner: Learner):
+        if distributed():
+            print(f"rank {learner.cfg.rank}: policy version {learner.policy_version}, weights checksum "
+                  f"{weights_checksum(learner.model)}", flush=True)
+            torch.distributed.destroy_process_group()
+
+    def stop(self, run: Run):
+        if run.cfg.world_size > 1:
+            print(f"rank {run.cfg.rank} collected {int(run.shared.run.worker_frames.sum()):,} env frames", flush=True)
 
 
 def init_distributed(cfg):
@@ -3639,6 +3767,9 @@ def weights_checksum(model: nn.Module) -> str:
     for tensor in model.state_dict().values():
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+EXTRAS.append(Torchrun)
 
 
 # =============================================================================================
@@ -3763,6 +3894,88 @@ class PopulationBasedTraining:
         self.save()
 
 
+class Population(Extra):
+    """PBT's rounds and the past-version opponents' refresh, at the runner's rounds; the learners
+    follow PBT's decisions before each step."""
+
+    @staticmethod
+    def add_flags(parser: argparse.ArgumentParser):
+        pbt = parser.add_argument_group("self-play and population-based training")
+        pbt.add_argument("--past_opponent_refresh_sec", type=float, default=120.0,
+                         help="seconds between draws of the past version: a random saved checkpoint of a random policy")
+        pbt.add_argument("--with_pbt", action="switch",
+                         help="rank the policies by their true objective every --pbt_period_env_steps; mutate "
+                              "the hyperparameters of the weaker ones and replace the weakest with copies of the best")
+        pbt.add_argument("--pbt_period_env_steps", type=integer, default=5_000_000,
+                         help="env frames every policy trains on between two PBT rounds")
+        pbt.add_argument("--pbt_mutation_rate", type=float, default=0.15,
+                         help="chance that each hyperparameter of a policy outside the best ones mutates")
+        pbt.add_argument("--pbt_mutation_factor", type=float, default=1.2,
+                         help="a mutation multiplies or divides a hyperparameter by this")
+        pbt.add_argument("--pbt_replace_fraction", type=float, default=0.3,
+                         help="share of the population that counts as best (copied from) and as worst (replaced)")
+        pbt.add_argument("--pbt_replace_reward_gap", type=float, default=0.35,
+                         help="a worst policy is replaced only if a best one leads it by at least this much "
+                              "true objective (win rate in self-play, frags against bots)")
+
+
+    @staticmethod
+    def flag_errors(cfg) -> list[str]:
+        errors = []
+        if cfg.with_pbt and cfg.num_policies < 2:
+            errors.append(f"--with_pbt needs a population: use --num_policies 2 or more (got {cfg.num_policies})")
+        if cfg.with_pbt and not (0 <= cfg.pbt_mutation_rate <= 1 and cfg.pbt_mutation_factor > 1
+                                 and 0 < cfg.pbt_replace_fraction <= 0.5 and cfg.pbt_period_env_steps > 0):
+            errors.append("PBT flags out of range: --pbt_mutation_rate in [0, 1], --pbt_mutation_factor above 1, "
+                          "--pbt_replace_fraction in (0, 0.5], --pbt_period_env_steps positive")
+        return errors
+
+    @staticmethod
+    def before_sgd(learner: Learner):
+        if learner.cfg.with_pbt:
+            follow_population(learner)
+
+    def __init__(self, run: Run):
+        self.pbt = PopulationBasedTraining(run.cfg, run.shared.hyperparams) if run.cfg.with_pbt else None  # resumes
+        self.next_past_opponent, self.rng = time.monotonic(), random.Random(run.cfg.seed)
+
+    def round(self, run: Run):
+        if self.pbt is not None:
+            self.pbt.step(run.stats, run.shared)
+        if past_policy_id(run.cfg) is not None and time.monotonic() >= self.next_past_opponent:
+            path = refresh_past_opponent(run.cfg, run.shared, run.model, self.rng)
+            # no checkpoint yet: soon
+            self.next_past_opponent = time.monotonic() + (run.cfg.past_opponent_refresh_sec if path else 5.0)
+            if path:
+                print(f"past-version opponents now play {path}", flush=True)
+
+    @staticmethod
+    def scalars(run: Run) -> dict[str, float]:
+        if not run.cfg.with_pbt:
+            return {}
+        return {f"p{policy_id}/hyperparams/{name}": value for policy_id in range(run.cfg.num_policies)
+                for name, value in run.shared.hyperparams.row(policy_id).items()}
+
+
+def follow_population(learner: Learner):
+    """Takes the hyperparameters and, when asked, the weights that population-based training chose."""
+    hyperparams = learner.shared.hyperparams
+    if int(hyperparams.copy_request[learner.policy_id]) != learner.copy_request:
+        learner.copy_request = int(hyperparams.copy_request[learner.policy_id])
+        source = int(hyperparams.copy_source[learner.policy_id])
+        while learner.shared.weights[source].load_into(learner.model) is None:  # the source learner was writing
+            time.sleep(0.001)
+        # Adam's moments describe the old weights' loss surface, not the copied ones'
+        learner.optimizer.state.clear()
+        print(f"policy {learner.policy_id} now trains a copy of policy {source}'s weights", flush=True)
+    if int(hyperparams.version[learner.policy_id]) != learner.hyperparams_version:
+        learner.hyperparams_version = int(hyperparams.version[learner.policy_id])
+        row = hyperparams.row(learner.policy_id)
+        learner.cfg.learning_rate, learner.cfg.exploration_loss_coeff = row["learning_rate"], row["exploration_loss_coeff"]
+        for group in learner.optimizer.param_groups:
+            group["lr"], group["betas"] = row["learning_rate"], (row["adam_beta1"], learner.cfg.adam_beta2)
+
+
 def refresh_past_opponent(cfg, shared: Shared, model: ActorCritic, rng: random.Random) -> str | None:
     """Publishes a random saved checkpoint of a random policy as the past-version opponent (its
     policy workers pick it up like new weights). Returns the checkpoint's path, None if none loaded."""
@@ -3780,9 +3993,51 @@ def refresh_past_opponent(cfg, shared: Shared, model: ActorCritic, rng: random.R
     return path
 
 
+EXTRAS.append(Population)
+
+
 # =============================================================================================
 # EXTRAS: evaluation: play a saved policy, print its scores, record what it sees
 # =============================================================================================
+
+class Evaluation(Extra):
+    """--mode eval."""
+
+    mode, mode_help = "eval", "play a saved policy, print its scores, optionally record a video"
+
+    @staticmethod
+    def main(cfg) -> int:
+        return evaluate(cfg)
+
+    @staticmethod
+    def add_flags(parser: argparse.ArgumentParser):
+        evaluation = parser.add_argument_group("evaluation (--mode eval)")
+        evaluation.add_argument("--checkpoint", default=None,
+                                help="checkpoint file to play (default: the experiment's latest of --policy_index)")
+        at_least_0(evaluation.add_argument("--policy_index", type=int, default=0, help="which policy of the experiment to play"))
+        positive(evaluation.add_argument("--max_num_episodes", type=int, default=10, help="games to play"))
+        evaluation.add_argument("--eval_deterministic", action="switch",
+                                help="take the most likely action instead of sampling")
+        evaluation.add_argument("--save_video", action="switch",
+                                help="write an H.264 MP4 of the agent's view at the game's resolution, with the score "
+                                     "(pip install imageio imageio-ffmpeg)")
+        positive(evaluation.add_argument("--video_frames", type=int, default=10**9, help="stop the video after this many frames"))
+        evaluation.add_argument("--video_path", default=None,
+                                help="where the MP4 goes (default: train_dir/experiment/eval_<policy>.mp4)")
+
+    @staticmethod
+    def flag_errors(cfg) -> list[str]:
+        errors = []
+        if cfg.mode == "train":
+            eval_flags = {"checkpoint": cfg.checkpoint is not None, "save_video": cfg.save_video,
+                          "video_path": cfg.video_path is not None, "eval_deterministic": cfg.eval_deterministic}
+            errors += [f"--{flag} is for --mode eval (training resumes from the experiment's latest checkpoint)"
+                       for flag, given in eval_flags.items() if given]
+        if cfg.save_video and not all(importlib.util.find_spec(name) for name in ("imageio", "imageio_ffmpeg")):
+            errors.append("--save_video needs the imageio and imageio-ffmpeg packages (they write H.264): "
+                          "pip install imageio imageio-ffmpeg")
+        return errors
+
 
 def load_policy_for_eval(cfg) -> dict:
     """The checkpoint to play (--checkpoint or the experiment's latest); its flags override cfg's."""
@@ -3934,6 +4189,9 @@ def game_score(env) -> float:
         return float("nan")
 
 
+EXTRAS.append(Evaluation)
+
+
 # =============================================================================================
 # main
 # =============================================================================================
@@ -3949,7 +4207,9 @@ def main(argv: list[str] | None = None) -> int:
         if done:
             print(done, flush=True)
     try:
-        return evaluate(cfg) if cfg.mode == "eval" else train(cfg).exit_code
+        if cfg.mode == "train":
+            return train(cfg).exit_code
+        return next(extra for extra in EXTRAS if extra.mode == cfg.mode).main(cfg)
     except CheckpointError as error:
         print_errors([str(error)])
         return 2

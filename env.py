@@ -98,6 +98,9 @@ class Family:
     # those of its flags that change what the policy sees or does: an evaluation plays with the values
     # the checkpoint was trained with, whatever the command line says
     trained_flags: tuple[str, ...] = ()
+    # those that change the model's shape (appo.py's MODEL_FLAGS): a resumed experiment must keep them
+    model_flags: tuple[str, ...] = ()
+    names_help: str = ""  # its names in appo.py's --env help
     registered: bool = False
 
 
@@ -202,6 +205,16 @@ def trained_flags(name: str) -> tuple[str, ...]:
     """The env flags a checkpoint of `name` must be played with (its family's trained_flags)."""
     family = family_of(name)
     return () if family is None else family.trained_flags
+
+
+def names_help() -> str:
+    """The built-in families' names, for appo.py's --env help."""
+    return ", ".join(family.names_help for family in FAMILIES if family.names_help)
+
+
+def model_flags() -> list[str]:
+    """Every family's flags that change the model's shape."""
+    return [flag for family in FAMILIES for flag in family.model_flags]
 
 
 def add_flags(group) -> None:
@@ -716,7 +729,9 @@ DOOM = Family(  # every single-player scenario (the matches are a family of thei
     game_fps=lambda name: 35.0,  # Doom's tic rate
     add_flags=add_doom_flags,
     flag_errors=doom_flag_errors,
-    trained_flags=("doom_resize",),  # doom_game_variables too, as one of appo.py's MODEL_FLAGS
+    trained_flags=("doom_resize",),  # doom_game_variables too, as one of model_flags
+    model_flags=("doom_game_variables",),
+    names_help="doom_<scenario>",
 )
 
 
@@ -1606,6 +1621,7 @@ ATARI = Family(
     matches=_is_atari_name,
     make=make_atari_env,
     known=("atari_<game> (any ALE game)",),
+    names_help="atari_<game>",
     problem=lambda name, cfg=None: (_missing_packages(name, [("ale_py", "ale-py"), ("cv2", "opencv-python-headless")])
                                     or _unknown_atari_game(name)),
     flag_defaults={  # atari_params.py, chosen there to match CleanRL's and Stable-Baselines3's PPO
@@ -1881,6 +1897,7 @@ DMLAB = Family(
     matches=_is_dmlab_name,
     make=make_dmlab_env,
     known=("dmlab_<level>", "dmlab_30"),
+    names_help="dmlab_<level>, dmlab_30",
     problem=lambda name, cfg=None: (None if _module_available("deepmind_lab")
                                     else (ImportError, _dmlab_install_line(name))),
     flag_defaults={"env_frameskip": DEFAULT_FRAMESKIP, "gamma": DEFAULT_GAMMA,
@@ -2099,6 +2116,7 @@ GYM = Family(
     matches=_is_gym_name,
     make=make_gym_env,
     known=("gym:<id> (any registered Gymnasium env)",),
+    names_help="gym:<id> for any registered Gymnasium env (e.g. gym:CartPole-v1; gym:<module>:<id> imports <module> first)",
     problem=_gym_problem,
     flag_defaults=lambda name: GYM_IMAGE_DEFAULTS if _gym_observes_images(name) else GYM_VECTOR_DEFAULTS,
     game_fps=_gym_game_fps,

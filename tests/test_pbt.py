@@ -117,7 +117,7 @@ def test_learner_takes_over_the_weights_and_hyperparameters_it_is_given(tmp_path
     learner.optimizer.state[next(learner.model.parameters())]["step"] = torch.tensor(5.0)
     shared.hyperparams.request_copy(1, source_policy=0)
     shared.hyperparams.set_row(1, {"learning_rate": 0.5, "exploration_loss_coeff": 0.25, "adam_beta1": 0.8})
-    learner.follow_population()
+    appo.follow_population(learner)
     for name, parameter in learner.model.state_dict().items():
         assert torch.equal(parameter, best.state_dict()[name]), name
     assert not learner.optimizer.state  # Adam starts afresh on the copied weights

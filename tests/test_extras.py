@@ -1,0 +1,74 @@
+"""The extras below appo.py's core (reporting, torchrun, PBT and past opponents, evaluation) attach
+through the runner's seams (appo.Extra): a copy of appo.py without any one of their blocks, or
+without all of them, still trains. Each block runs from its "# EXTRAS:" header to the next header,
+its registration line (EXTRAS.append) last."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import appo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = re.compile(r"^# =+\n# EXTRAS: (\S+)", re.MULTILINE)
+MAIN = "# =============================================================================================\n# main\n"
+
+
+def extra_blocks(source: str) -> dict[str, tuple[int, int]]:
+    """Each EXTRAS block's first word (e.g. "reporting:") -> its span in `source`."""
+    starts = [(match.group(1), match.start()) for match in HEADER.finditer(source)]
+    ends = [start for _, start in starts[1:]] + [source.index(MAIN)]
+    return {name: (start, end) for (name, start), end in zip(starts, ends)}
+
+
+def without(source: str, names: list[str]) -> str:
+    for start, end in sorted((extra_blocks(source)[name] for name in names), reverse=True):
+        source = source[:start] + source[end:]
+    return source
+
+
+def train_copy(tmp_path, source: str, *flags: str) -> subprocess.CompletedProcess:
+    (tmp_path / "appo.py").write_text(source)
+    command = [sys.executable, str(tmp_path / "appo.py"), "--env", "doom_basic", "--num_workers", "1",
+               "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64", "--hidden_size", "32",
+               "--train_for_env_steps", "1000", "--train_dir", str(tmp_path / "runs"), "--experiment", "e",
+               "--seed", "1", *flags]
+    # the copy imports env.py and the C++ module from the checkout
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
+
+
+def test_every_extra_is_one_block_with_its_registration_last_and_the_core_names_none_of_them():
+    source = open(os.path.join(REPO, "appo.py")).read()
+    blocks = extra_blocks(source)
+    assert list(blocks) == ["reporting:", "multi-node", "population-based", "evaluation:"]
+    core = source[:min(start for start, _ in blocks.values())]
+    for start, end in blocks.values():
+        block = source[start:end]
+        registered = re.findall(r"^EXTRAS\.append\((\w+)\)$", block, re.MULTILINE)
+        assert len(registered) == 1 and block.rstrip().endswith(f"EXTRAS.append({registered[0]})")
+        assert registered[0] not in core
+    assert [extra.__name__ for extra in appo.EXTRAS] == ["Reporting", "Torchrun", "Population", "Evaluation"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["reporting:", "multi-node", "population-based", "evaluation:"])
+def test_a_copy_without_one_extra_still_trains(tmp_path, name):
+    result = train_copy(tmp_path, without(open(os.path.join(REPO, "appo.py")).read(), [name]), "--serial_mode")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert os.listdir(tmp_path / "runs" / "e" / "checkpoint_p0")
+    assert re.search(r"^\[ *\d+s\] frames [\d,]+ .*100% of 1,000", result.stdout, re.MULTILINE), result.stdout
+    assert ("done: " in result.stdout) == (name != "reporting:")  # the closing lines are reporting's
+
+
+@pytest.mark.slow
+def test_the_core_alone_trains_with_its_processes_and_says_an_extras_flag_is_unknown(tmp_path):
+    source = without(open(os.path.join(REPO, "appo.py")).read(), list(extra_blocks(open(os.path.join(REPO, "appo.py")).read())))
+    result = train_copy(tmp_path, source)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert os.listdir(tmp_path / "runs" / "e" / "checkpoint_p0")
+    assert not (tmp_path / "runs" / "e" / "tb").exists()  # TensorBoard is reporting's
+    unknown = train_copy(tmp_path, source, "--with_pbt")
+    assert unknown.returncode == 2 and "--with_pbt" in unknown.stderr
