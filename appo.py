@@ -2548,7 +2548,6 @@ class Learner:
                   f"{self.env_frames:,} env frames ({checkpoint['path']})", flush=True)
         for extra in EXTRAS:
             extra.learner_start(self)
-        self.hyperparams_version, self.copy_request = -1, 0  # what PolicyHyperparams asked of it so far
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = trajectories_per_batch(cfg)
         # on the device, read when a report is due (sgd_step)
@@ -3929,6 +3928,10 @@ class Population(Extra):
             errors.append("PBT flags out of range: --pbt_mutation_rate in [0, 1], --pbt_mutation_factor above 1, "
                           "--pbt_replace_fraction in (0, 0.5], --pbt_period_env_steps positive")
         return errors
+
+    @staticmethod
+    def learner_start(learner: Learner):
+        learner.hyperparams_version, learner.copy_request = -1, 0  # what PolicyHyperparams asked of it so far
 
     @staticmethod
     def before_sgd(learner: Learner):
