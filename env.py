@@ -6,7 +6,8 @@ Gymnasium env by id (gym:<id>).
 Every env returned here speaks the Gymnasium API and follows one contract:
   * observations are uint8 CHW images, float32 vectors, or a Dict of them (Doom: {"obs": image,
     "measurements": vector});
-  * actions are Discrete, MultiDiscrete, a Tuple of Discretes, or a one-dimensional Box (gym: envs);
+  * actions are Discrete, MultiDiscrete, MultiBinary, a Box of any shape, or a Tuple or Dict of
+    them; an observation key "action_mask" (PettingZoo's convention) forbids discrete actions;
   * the reward is the one the learner trains on (Doom: scaled; Atari: clipped to its sign);
   * when a real game ends, the step's info holds "true_return" (raw score of the whole game),
     "true_length" (env frames of the whole game, frameskip included) and "true_objective" (what
@@ -2110,16 +2111,17 @@ GYM = Family(
 
 class GymObservations(gym.ObservationWrapper):
     """Observations as appo.py's encoders take them: uint8 images (H, W, C) to CHW for the conv
-    encoder, every other Box flattened to a float32 vector for the MLP; a Dict key by key."""
+    encoder, every other Box or MultiBinary (an action mask, often) flattened to a float32 vector
+    for the MLP; a Dict key by key."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
         space = env.observation_space
         subspaces = space.spaces if isinstance(space, spaces.Dict) else {None: space}
         for key, subspace in subspaces.items():
-            if not isinstance(subspace, spaces.Box):
+            if not isinstance(subspace, (spaces.Box, spaces.MultiBinary)):
                 raise ValueError(f"observation {key or ''} is {subspace}: appo.py takes Box observations "
-                                 "(images or vectors), or a Dict of them")
+                                 "(images or vectors) or MultiBinary ones, or a Dict of them")
         self._is_image = {key: _is_image_space(subspace) for key, subspace in subspaces.items()}
         converted = {key: _trainer_space(subspace) for key, subspace in subspaces.items()}
         self.observation_space = spaces.Dict(converted) if None not in converted else converted[None]
@@ -2135,11 +2137,14 @@ class GymObservations(gym.ObservationWrapper):
         return np.asarray(value, dtype=np.float32).reshape(-1)
 
 
-def _is_image_space(space: spaces.Box) -> bool:
-    return space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] in (1, 3, 4)
+def _is_image_space(space: spaces.Box | spaces.MultiBinary) -> bool:
+    return (isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+            and space.shape[2] in (1, 3, 4))
 
 
-def _trainer_space(space: spaces.Box) -> spaces.Box:
+def _trainer_space(space: spaces.Box | spaces.MultiBinary) -> spaces.Box:
+    if isinstance(space, spaces.MultiBinary):
+        return spaces.Box(0.0, 1.0, (int(np.prod(space.shape)),), np.float32)
     if _is_image_space(space):
         height, width, channels = space.shape
         return spaces.Box(0, 255, (channels, height, width), np.uint8)
