@@ -126,6 +126,23 @@ def test_the_mask_is_no_input_feature():
     assert "action_mask" not in model.obs_normalizers and not list(model.encoders["action_mask"].parameters())
 
 
+def test_a_gym_envs_multibinary_mask_reaches_the_model_as_a_vector_that_masks():
+    import gymnasium as gym
+    import env as envs
+
+    class Pick(gym.Env):
+        action_space = spaces.Discrete(4)
+        observation_space = spaces.Dict({"cells": spaces.Box(0.0, 1.0, (4,), np.float32),
+                                         "action_mask": spaces.MultiBinary(4)})
+
+    wrapped = envs.GymObservations(Pick())
+    assert wrapped.observation_space["action_mask"] == spaces.Box(0.0, 1.0, (4,), np.float32)
+    mask = wrapped.observation({"cells": np.zeros(4, np.float32), "action_mask": np.array([0, 0, 1, 0], np.int8)})
+    model = appo.ActorCritic(wrapped.observation_space, Pick.action_space, small_cfg())
+    obs = {key: torch.as_tensor(value).expand(100, -1) for key, value in mask.items()}
+    assert model.action_dist.sample(model(obs, torch.zeros(100, 1))[0]).unique().tolist() == [2]
+
+
 def test_masks_that_cannot_mask_are_named_with_their_fix():
     wrong = spaces.Dict({"obs": spaces.Box(-1, 1, (3,)), "action_mask": spaces.Box(0, 1, (5,), np.int8)})
     assert "make the mask a vector of 6" in appo.action_mask_error(wrong, MASKED_ACTIONS)
