@@ -2273,6 +2273,8 @@ class RolloutWorker:
     def record_step(self, actor: Actor, obs, reward, done, info):
         self.arrays["reward"][actor.slot, actor.step] = reward
         self.arrays["done"][actor.slot, actor.step] = float(done)
+        if info.get("agent_left"):  # an agent out of the game (env.PettingZooAgents): its action did nothing
+            self.arrays["valid"][actor.slot, actor.step] = 0.0
         actor.step += 1
         self.write_obs(actor, obs)
         if done:  # the policy worker already wrote the next RNN state; a new episode starts fresh
