@@ -2005,6 +2005,10 @@ def env_action(action_space, action_row: np.ndarray):
         return int(action_row[0]) + int(action_space.start)
     if isinstance(action_space, spaces.Box):
         return box_action(action_space, action_row)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return (action_row.reshape(action_space.shape) + action_space.start).astype(action_space.dtype)
+    if isinstance(action_space, spaces.Tuple) and all(type(part) is spaces.Discrete for part in action_space.spaces):
+        return tuple(int(choice + part.start) for choice, part in zip(action_row.tolist(), action_space.spaces))
     choices = sum(len(head_sizes(part)) for part in action_parts(action_space))
     return structured_action(action_space, iter(action_row[:choices]), iter(action_row[choices:]))
 
