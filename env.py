@@ -2211,7 +2211,10 @@ def _pz_env_problem(name: str, env_kwargs: str | None) -> Problem:
     except (ImportError, AttributeError) as error:
         return ValueError, (f"--env {name}: cannot find the factory ({error}); name it pz:<module>:<factory>, e.g. "
                             "pz:pettingzoo.classic.rps_v2:parallel_env, with the module on the Python path")
-    env = factory(**json.loads(env_kwargs or "{}"))
+    try:
+        env = factory(**json.loads(env_kwargs or "{}"))
+    except Exception as error:  # the user's factory: whatever it raises is theirs to read
+        return ValueError, f"--env {name}: the factory failed ({type(error).__name__}: {error})"
     try:
         return _pz_spaces_problem(name, env)
     finally:
@@ -2228,34 +2231,41 @@ def _pz_spaces_problem(name: str, env) -> Problem:
                             f"give the module's parallel_env factory, {fix}")
     if not isinstance(env, ParallelEnv):
         return ValueError, f"--env {name} makes a {type(env).__name__}, not a PettingZoo ParallelEnv"
-    agents = list(env.possible_agents)
-    for kind in ("observation", "action"):
-        first = getattr(env, f"{kind}_space")(agents[0])
-        for agent in agents[1:]:
-            if getattr(env, f"{kind}_space")(agent) != first:
-                return ValueError, (f"--env {name}: agents {agents[0]} and {agent} have different {kind} spaces "
-                                    f"({first} and {getattr(env, f'{kind}_space')(agent)}), and one policy acts for "
-                                    "every agent: pad them to one space (SuperSuit's pad_observations and "
-                                    "pad_action_space) in a factory of yours")
+    first, *others = env.possible_agents
+    for kind, space_of in (("observation", env.observation_space), ("action", env.action_space)):
+        differing = next((agent for agent in others if space_of(agent) != space_of(first)), None)
+        if differing is not None:
+            return ValueError, (f"--env {name}: agents {first} and {differing} have different {kind} spaces "
+                                f"({space_of(first)} and {space_of(differing)}), and one policy acts for every "
+                                "agent: pad them to one space (SuperSuit's pad_observations and pad_action_space) "
+                                "in a factory of yours")
     return None
 
 
 @functools.lru_cache(maxsize=None)
-def _pz_defaults(name: str) -> dict:
-    """The gym: family's rule: vector observations get its vector defaults, images appo.py's own."""
+def _pz_metadata_and_space(name: str) -> tuple[dict, spaces.Space] | None:
+    """(metadata, first agent's observation space) of one env made with no flags and closed; None
+    if it cannot be made (the problem check says why)."""
     try:
         env = _pz_factory(name)()
     except Exception:  # the problem check says what is wrong
-        return dict(GYM_VECTOR_DEFAULTS)
+        return None
     try:
-        space = env.observation_space(env.possible_agents[0])
+        return dict(env.metadata), env.observation_space(env.possible_agents[0])
     finally:
         env.close()
-    return dict(GYM_IMAGE_DEFAULTS if _any_subspace(space, _is_image_space) else GYM_VECTOR_DEFAULTS)
+
+
+def _pz_defaults(name: str) -> dict:
+    """The gym: family's rule: vector observations get its vector defaults, images appo.py's own."""
+    made = _pz_metadata_and_space(name)
+    images = made is not None and _any_subspace(made[1], _is_image_space)
+    return dict(GYM_IMAGE_DEFAULTS if images else GYM_VECTOR_DEFAULTS)
 
 
 def _pz_game_fps(name: str) -> float:
-    return float(getattr(_pz_factory(name), "metadata", {}).get("render_fps") or 30.0)
+    made = _pz_metadata_and_space(name)
+    return float((made[0].get("render_fps") if made else None) or 30.0)
 
 
 class PettingZooAgents(gym.Env):
