@@ -38,10 +38,12 @@ def test_an_agent_that_left_is_padded_marked_and_given_no_action_and_every_agent
 
 
 def test_envs_that_cannot_run_here_are_one_line_naming_the_fix(tmp_path, capsys):
-    for name, expected in [("pz:pettingzoo.classic.tictactoe_v3:env", "makes an AEC env (agents act in turn)"),
-                           ("pz:pz_envs:unequal_spaces", "pad them to one space"),
-                           ("pz:pz_envs:no_such_factory", "cannot find the factory")]:
-        assert appo.main(["--env", name, "--train_dir", str(tmp_path)]) == 2
+    for name, kwargs, expected in [
+            ("pz:pettingzoo.classic.tictactoe_v3:env", "{}", "makes an AEC env (agents act in turn)"),
+            ("pz:pz_envs:unequal_spaces", "{}", "pad them to one space"),
+            ("pz:pz_envs:no_such_factory", "{}", "cannot find the factory"),
+            (MASKED_AND_LEAVING, '{"bogus": 1}', "the factory failed (TypeError")]:
+        assert appo.main(["--env", name, "--train_dir", str(tmp_path), "--env_kwargs", kwargs]) == 2
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and expected in errors[0], errors
 
