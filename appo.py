@@ -524,12 +524,18 @@ def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
     if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
         errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
     try:
-        continuous = isinstance(action_distribution(probe.spaces[1]), DiagonalGaussian)
+        continuous = not isinstance(action_distribution(probe.spaces[1]), Categoricals)
     except ValueError as error:
         return errors + [f"--env {cfg.env}: {error}"]
+    mask_error = action_mask_error(*probe.spaces)
+    if mask_error:
+        errors.append(f"--env {cfg.env}: {mask_error}")
     if continuous and cfg.exploration_loss == "symmetric_kl":
         errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
                       "use --exploration_loss entropy")
+    elif ACTION_MASK in obs_shapes(probe.spaces[0]) and cfg.exploration_loss == "symmetric_kl":
+        errors.append(f"--exploration_loss symmetric_kl measures the policy against a uniform one over all actions, "
+                      f"and {cfg.env} masks some: use --exploration_loss entropy")
     return errors
 
 
@@ -615,11 +621,12 @@ IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
 
 
 class Categoricals:
-    """Discrete actions: one categorical per head (Discrete: one head; MultiDiscrete and a Tuple
-    of Discretes: one per entry). The policy head's output ("logits") is every head's logits side
-    by side; an action is one int per head."""
+    """Discrete actions: one categorical per head (Discrete: one head; MultiDiscrete: one per entry;
+    MultiBinary: a two-way one per bit; a Tuple or Dict of these: their heads in order). The policy
+    head's output ("logits") is every head's logits side by side; an action is one int per head."""
 
     action_dtype = np.dtype(np.int64)
+    num_log_stds = 0  # learned log standard deviations that ActorCritic appends to the logits
 
     def __init__(self, head_sizes: list[int]):
         self.head_sizes = head_sizes
@@ -658,16 +665,18 @@ class Categoricals:
 
 
 class DiagonalGaussian:
-    """Continuous actions (a Box): one normal per dimension. The policy head gives the means; the
-    log standard deviations are a learned vector that does not depend on the state (Sample
-    Factory's default for continuous control). "logits" here is means and log-stds side by side.
-    Actions are sampled and scored unclipped; env_action clips them to the Box at the env."""
+    """Continuous actions (a Box of any shape, flattened; a Tuple or Dict of Boxes, side by side):
+    one normal per dimension. The policy head gives the means; the log standard deviations are a
+    learned vector that does not depend on the state (Sample Factory's default for continuous
+    control). "logits" here is means and log-stds side by side. Actions are sampled and scored
+    unclipped; env_action clips them to the Box and gives them its shape at the env."""
 
     action_dtype = np.dtype(np.float32)
 
     def __init__(self, dim: int):
         self.dim = dim
         self.num_outputs = dim  # the means; ActorCritic holds the log-stds
+        self.num_log_stds = dim
         self.action_shape = (dim,)
 
     def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -689,17 +698,117 @@ class DiagonalGaussian:
         return (self.split(logits)[1] + 0.5 * float(np.log(2 * np.pi * np.e))).sum(-1)
 
 
-def action_distribution(action_space: spaces.Space) -> Categoricals | DiagonalGaussian:
-    if isinstance(action_space, spaces.Discrete):
-        return Categoricals([int(action_space.n)])
-    if isinstance(action_space, spaces.MultiDiscrete):
-        return Categoricals([int(n) for n in action_space.nvec])
-    if isinstance(action_space, spaces.Tuple) and all(isinstance(s, spaces.Discrete) for s in action_space):
-        return Categoricals([int(s.n) for s in action_space])
-    if isinstance(action_space, spaces.Box) and len(action_space.shape) == 1:
-        return DiagonalGaussian(action_space.shape[0])
-    raise ValueError(f"unsupported action space {action_space}: use Discrete, MultiDiscrete, a Tuple of Discretes "
-                     "or a one-dimensional Box")
+class MixedHeads:
+    """A Tuple or Dict with discrete and continuous parts: the heads of every discrete part in one
+    Categoricals, the dimensions of every Box in one DiagonalGaussian; log-probabilities and
+    entropies are summed over both. Its logits are the categoricals' then the Gaussian's (means,
+    log-stds); an action is the heads' choices then the continuous values, all float32, since a
+    slot field has one dtype (choices are exact in float32 up to 2**24)."""
+
+    action_dtype = np.dtype(np.float32)
+
+    def __init__(self, discrete: Categoricals, continuous: DiagonalGaussian):
+        self.discrete, self.continuous = discrete, continuous
+        self.num_outputs = discrete.num_outputs + continuous.num_outputs
+        self.num_log_stds = continuous.num_log_stds
+        self.action_shape = (len(discrete.head_sizes) + continuous.dim,)
+
+    def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return logits[..., :self.discrete.num_outputs], logits[..., self.discrete.num_outputs:]
+
+    def split_actions(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        heads = len(self.discrete.head_sizes)
+        return actions[..., :heads].long(), actions[..., heads:]
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        discrete, continuous = self.split(logits)
+        return torch.cat([self.discrete.sample(discrete).float(), self.continuous.sample(continuous)], dim=-1)
+
+    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+        discrete, continuous = self.split(logits)
+        return torch.cat([self.discrete.mode(discrete).float(), self.continuous.mode(continuous)], dim=-1)
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        (discrete, continuous), (choices, values) = self.split(logits), self.split_actions(actions)
+        return self.discrete.log_prob(discrete, choices) + self.continuous.log_prob(continuous, values)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        discrete, continuous = self.split(logits)
+        return self.discrete.entropy(discrete) + self.continuous.entropy(continuous)
+
+
+ActionDistribution = Categoricals | DiagonalGaussian | MixedHeads
+ACTION_SPACES = "Discrete, MultiDiscrete, MultiBinary, Box, or a Tuple or Dict of them"
+
+
+def action_parts(action_space: spaces.Space) -> list[spaces.Space]:
+    """The Discrete, MultiDiscrete, MultiBinary and Box parts of an action space, depth first in
+    the space's own order (a Dict's keys as it lists them)."""
+    if isinstance(action_space, spaces.Tuple):
+        return [part for subspace in action_space.spaces for part in action_parts(subspace)]
+    if isinstance(action_space, spaces.Dict):
+        return [part for subspace in action_space.spaces.values() for part in action_parts(subspace)]
+    if isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)):
+        return [action_space]
+    raise ValueError(f"unsupported action space {action_space}: use {ACTION_SPACES}")
+
+
+def head_sizes(part: spaces.Space) -> list[int]:
+    """A discrete part's categorical heads: one for a Discrete, one per entry of a MultiDiscrete,
+    a two-way one per bit of a MultiBinary (the same policy as one Bernoulli per bit, and an
+    action mask can then forbid either value of a bit)."""
+    if isinstance(part, spaces.Discrete):
+        return [int(part.n)]
+    if isinstance(part, spaces.MultiDiscrete):
+        return [int(n) for n in part.nvec.reshape(-1)]
+    if isinstance(part, spaces.MultiBinary):
+        return [2] * int(np.prod(part.shape))
+    return []  # a Box
+
+
+def continuous_dims(part: spaces.Space) -> int:
+    return int(np.prod(part.shape)) if isinstance(part, spaces.Box) else 0
+
+
+def action_distribution(action_space: spaces.Space) -> ActionDistribution:
+    parts = action_parts(action_space)
+    heads = [size for part in parts for size in head_sizes(part)]
+    dims = sum(continuous_dims(part) for part in parts)
+    if not dims:
+        return Categoricals(heads)
+    if not heads:
+        return DiagonalGaussian(dims)
+    return MixedHeads(Categoricals(heads), DiagonalGaussian(dims))
+
+
+# PettingZoo's convention: an observation key whose entries are 1 for the actions allowed now and
+# 0 for those forbidden, one per logit of the discrete heads, in their order (Discrete n: n entries).
+ACTION_MASK = "action_mask"
+# A forbidden action's logit: probability 0, yet finite, so that 0 * log-prob stays 0 in the
+# entropy and a forbidden action's log-prob never turns a ratio or a KL into NaN.
+MASKED_LOGIT = -1e9
+
+
+def discrete_logits(action_dist: ActionDistribution) -> int:
+    """How many of the logits are categorical: they come first in every distribution."""
+    if isinstance(action_dist, MixedHeads):
+        return action_dist.discrete.num_outputs
+    return action_dist.num_outputs if isinstance(action_dist, Categoricals) else 0
+
+
+def action_mask_error(obs_space: spaces.Space, action_space: spaces.Space) -> str | None:
+    """Why an action_mask observation cannot mask `action_space`'s logits, or None."""
+    if not isinstance(obs_space, spaces.Dict) or ACTION_MASK not in obs_space.spaces:
+        return None
+    width, shape = discrete_logits(action_distribution(action_space)), tuple(obs_space[ACTION_MASK].shape)
+    if width == 0:
+        return (f"the observation '{ACTION_MASK}' masks discrete actions, and the action space {action_space} has "
+                "none: rename the key if it is an input, or drop it")
+    if shape != (width,):
+        return (f"the observation '{ACTION_MASK}' has shape {shape}, and the action space {action_space} has {width} "
+                f"discrete choices: make the mask a vector of {width}, one entry per choice of each discrete head "
+                "in order (a MultiBinary bit: two, for 0 and 1)")
+    return None
 
 
 def obs_shapes(obs_space: spaces.Space) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -851,18 +960,21 @@ NONLINEARITIES = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
 class ActorCritic(nn.Module):
-    """Encoder -> (GRU | LSTM | nothing) -> action head (Categoricals or DiagonalGaussian) + value.
+    """Encoder -> (GRU | LSTM | nothing) -> action head (Categoricals, DiagonalGaussian or
+    MixedHeads) + value.
 
     Images (uint8, CHW) go through the --encoder conv net; 1-D float observations (Doom's game
     variables, a gym: env's state) through an MLP (--encoder_mlp_layers); the features are
-    concatenated and go through one FC layer (--hidden_size).
+    concatenated and go through one FC layer (--hidden_size). An "action_mask" observation is no
+    input: it masks the discrete heads' logits (mask_logits), in acting, in the loss and in evaluation.
 
     The contract: what the rest of the file calls on the model, which a replacement must keep.
     - forward(obs, rnn_state) -> (logits, values, next_rnn_state): one step of N envs (policy
       workers, evaluation); forward_rollout(obs, first_rnn_state, dones) -> (logits, values) over
       [T+1, B] trajectories (the loss). A test checks that the two agree.
     - encoders: keyed by observation name; its keys are the observations that the policy workers
-      and the learner read from the slots (obs_shapes gives the same keys from the space).
+      and the learner read from the slots (obs_shapes gives the same keys from the space). The
+      action mask's entry is an nn.Identity that encode() skips: it is read, not encoded.
     - action_dist: the distribution over policy_head's output (sample, mode, log_prob, entropy).
     - rnn_state_size(cfg): the floats of recurrent state per env that the slots carry.
     - update_normalizers(obs): the learner, once per batch; normalize_returns, returns_normalizer
@@ -877,13 +989,19 @@ class ActorCritic(nn.Module):
         self.rnn_type = cfg.rnn_type
         self.hidden_size = cfg.hidden_size
         self.action_dist = action_distribution(action_space)
+        mask_error = action_mask_error(obs_space, action_space)
+        if mask_error:
+            raise ValueError(mask_error)
+        self.masks_actions = ACTION_MASK in obs_shapes(obs_space)
         self.encoders = nn.ModuleDict()
         features = 0
         image_encoder, activation, _ = CONV_ENCODERS[cfg.encoder]
         if cfg.nonlinearity != "auto":
             activation = NONLINEARITIES[cfg.nonlinearity]
         for key, (shape, _) in obs_shapes(obs_space).items():
-            if len(shape) == 3:
+            if key == ACTION_MASK:
+                self.encoders[key] = nn.Identity()
+            elif len(shape) == 3:
                 self.encoders[key] = image_encoder(shape[0])
                 with torch.no_grad():
                     features += self.encoders[key](torch.zeros(1, *shape)).shape[1]
@@ -899,8 +1017,8 @@ class ActorCritic(nn.Module):
         self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), activation())
         self.normalize_input = cfg.normalize_input
         self.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
-        self.obs_normalizers = nn.ModuleDict({key: RunningNormalizer(shape)
-                                              for key, (shape, _) in obs_shapes(obs_space).items()})
+        self.obs_normalizers = nn.ModuleDict({key: RunningNormalizer(shape) for key, (shape, _)
+                                              in obs_shapes(obs_space).items() if key != ACTION_MASK})
         self.normalize_returns = cfg.normalize_returns
         self.returns_normalizer = RunningNormalizer()
         if cfg.rnn_type == "gru":
@@ -908,8 +1026,8 @@ class ActorCritic(nn.Module):
         elif cfg.rnn_type == "lstm":
             self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
         self.policy_head = nn.Linear(cfg.hidden_size, self.action_dist.num_outputs)
-        if isinstance(self.action_dist, DiagonalGaussian):
-            self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.dim))  # std 1 at the start
+        if self.action_dist.num_log_stds:
+            self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.num_log_stds))  # std 1 at the start
         self.value_head = nn.Linear(cfg.hidden_size, 1)
         self.initialize()
         self.to(memory_format=torch.channels_last)  # conv weights only: oneDNN's fast layout on CPU
@@ -936,6 +1054,8 @@ class ActorCritic(nn.Module):
         device_type = next(iter(obs.values())).device.type
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.encoder_dtype == torch.bfloat16):
             for key, encoder in self.encoders.items():
+                if key == ACTION_MASK:
+                    continue
                 scale = 1.0 / 255.0 if obs[key].dtype == torch.uint8 else 1.0
                 x = obs[key]
                 if x.dim() == 4:  # images to channels-last (oneDNN's fast conv layout), bytes first: cheaper;
@@ -1004,16 +1124,26 @@ class ActorCritic(nn.Module):
         return core_input, rnn_state
 
     def action_logits(self, core_out: torch.Tensor) -> torch.Tensor:
-        """The action distribution's parameters (see Categoricals and DiagonalGaussian)."""
+        """The action distribution's parameters (see Categoricals, DiagonalGaussian, MixedHeads)."""
         logits = self.policy_head(core_out)
-        if isinstance(self.action_dist, DiagonalGaussian):
-            logits = torch.cat([logits, self.action_log_std.expand_as(logits)], dim=-1)
+        if self.action_dist.num_log_stds:
+            log_stds = self.action_log_std.expand(*logits.shape[:-1], self.action_dist.num_log_stds)
+            logits = torch.cat([logits, log_stds], dim=-1)
         return logits
+
+    def mask_logits(self, logits: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """With an action_mask observation [..., n]: the first n logits (the discrete heads'), where
+        the mask is 0, become MASKED_LOGIT, which no gradient flows through."""
+        if not self.masks_actions:
+            return logits
+        allowed = obs[ACTION_MASK] > 0
+        discrete = logits[..., :allowed.shape[-1]].masked_fill(~allowed, MASKED_LOGIT)
+        return torch.cat([discrete, logits[..., allowed.shape[-1]:]], dim=-1)
 
     def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
         """One step for a batch: (action logits, value, next RNN state)."""
         core_out, next_state = self.core_step(self.core_inputs(self.encode(obs)), rnn_state)
-        return self.action_logits(core_out), self.value_head(core_out).squeeze(-1), next_state
+        return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1), next_state
 
     def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor,
                         dones: torch.Tensor):
@@ -1032,7 +1162,7 @@ class ActorCritic(nn.Module):
             core_out, rnn_state = self.core_step(core_inputs[t], rnn_state)
             core_outs.append(core_out)
         core_out = torch.stack(core_outs)
-        return self.action_logits(core_out), self.value_head(core_out).squeeze(-1)
+        return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1)
 
 
 def trajectory_major(steps: torch.Tensor) -> torch.Tensor:
@@ -1843,13 +1973,41 @@ class SyncGate:
 
 
 def env_action(action_space, action_row: np.ndarray):
-    if isinstance(action_space, spaces.Discrete):
-        return int(action_row[0])
-    if isinstance(action_space, spaces.Box):  # the policy samples unbounded; the env gets its bounds
-        return np.clip(action_row, action_space.low, action_space.high).astype(action_space.dtype)
+    """A slot's action row as the env takes it: the heads' choices first, then the continuous values
+    (action_distribution's layout), each part given its space's shape, dtype and offset."""
+    if isinstance(action_space, spaces.Discrete):  # the common spaces first: this runs per agent per step
+        return int(action_row[0]) + int(action_space.start)
+    if isinstance(action_space, spaces.Box):
+        return box_action(action_space, action_row)
     if isinstance(action_space, spaces.MultiDiscrete):
-        return action_row.copy()
-    return tuple(int(a) for a in action_row)
+        return (action_row.reshape(action_space.shape) + action_space.start).astype(action_space.dtype)
+    if isinstance(action_space, spaces.Tuple) and all(type(part) is spaces.Discrete for part in action_space.spaces):
+        return tuple(int(choice + part.start) for choice, part in zip(action_row.tolist(), action_space.spaces))
+    choices = sum(len(head_sizes(part)) for part in action_parts(action_space))
+    return structured_action(action_space, iter(action_row[:choices]), iter(action_row[choices:]))
+
+
+def box_action(box: spaces.Box, values: np.ndarray) -> np.ndarray:
+    """The policy samples unbounded; the env gets its bounds."""
+    return np.clip(values.reshape(box.shape), box.low, box.high).astype(box.dtype)
+
+
+def structured_action(space: spaces.Space, choices, values):
+    """`space`'s action from iterators over a row's choices and continuous values, each part
+    taking its own from them in action_parts' order."""
+    def take(source, n: int) -> np.ndarray:
+        return np.array(list(itertools.islice(source, n)))
+    if isinstance(space, spaces.Discrete):
+        return int(next(choices)) + int(space.start)
+    if isinstance(space, spaces.MultiDiscrete):  # choices arrive as float32 in a MixedHeads row
+        return (take(choices, space.nvec.size).astype(np.int64).reshape(space.shape) + space.start).astype(space.dtype)
+    if isinstance(space, spaces.MultiBinary):
+        return take(choices, int(np.prod(space.shape))).reshape(space.shape).astype(space.dtype)
+    if isinstance(space, spaces.Box):
+        return box_action(space, take(values, int(np.prod(space.shape))))
+    if isinstance(space, spaces.Tuple):
+        return tuple(structured_action(subspace, choices, values) for subspace in space.spaces)
+    return {key: structured_action(subspace, choices, values) for key, subspace in space.spaces.items()}
 
 
 class Agents:
@@ -2093,6 +2251,8 @@ class RolloutWorker:
     def record_step(self, actor: Actor, obs, reward, done, info):
         self.arrays["reward"][actor.slot, actor.step] = reward
         self.arrays["done"][actor.slot, actor.step] = float(done)
+        if info.get("agent_left"):  # an agent out of the game (env.PettingZooAgents): its action did nothing
+            self.arrays["valid"][actor.slot, actor.step] = 0.0
         actor.step += 1
         self.write_obs(actor, obs)
         if done:  # the policy worker already wrote the next RNN state; a new episode starts fresh

@@ -1,20 +1,21 @@
-"""Environments for appo.py: VizDoom (doom_*), Atari (atari_<game>), DeepMind Lab (dmlab_*) and any
-Gymnasium env by id (gym:<id>).
+"""Environments for appo.py: VizDoom (doom_*), Atari (atari_<game>), DeepMind Lab (dmlab_*), any
+Gymnasium env by id (gym:<id>) and any PettingZoo parallel env by its factory (pz:<module>:<factory>).
 
     env = create_env("doom_basic", cfg, env_index=3)
 
 Every env returned here speaks the Gymnasium API and follows one contract:
   * observations are uint8 CHW images, float32 vectors, or a Dict of them (Doom: {"obs": image,
     "measurements": vector});
-  * actions are Discrete, MultiDiscrete, a Tuple of Discretes, or a one-dimensional Box (gym: envs);
+  * actions are Discrete, MultiDiscrete, MultiBinary, a Box of any shape, or a Tuple or Dict of
+    them; an observation key "action_mask" (PettingZoo's convention) forbids discrete actions;
   * the reward is the one the learner trains on (Doom: scaled; Atari: clipped to its sign);
   * when a real game ends, the step's info holds "true_return" (raw score of the whole game),
     "true_length" (env frames of the whole game, frameskip included) and "true_objective" (what
     population-based training ranks policies by: the true return, except in self-play Doom matches,
     where it is 1 for a win and 0 otherwise); dmlab_30 adds "level_name";
-  * multi-agent envs (doom_duel, doom_deathmatch_full) have num_agents > 1 and take and return
-    per-agent lists; reward_shaping_weights() and set_reward_shaping() reach the shaped reward of the
-    Doom matches.
+  * multi-agent envs (doom_duel, doom_deathmatch_full, pz: envs) have num_agents > 1 and take and
+    return per-agent lists (an agent out of the game has "agent_left" in its info);
+    reward_shaping_weights() and set_reward_shaping() reach the shaped reward of the Doom matches.
 
 The last point is done by two wrappers: GameStatsRecorder sits innermost, below every wrapper
 that changes rewards or episode boundaries, and TrainerInterface, the outermost, hands its report
@@ -2060,7 +2061,8 @@ def _gym_game_fps(name: str) -> float:
 
 def add_gym_flags(group) -> None:
     group.add_argument("--env_kwargs", default=None,
-                       help='gym:<id> envs: keyword arguments for gymnasium.make, as JSON, e.g. \'{"continuous": true}\'')
+                       help="gym:<id> and pz: envs: keyword arguments for gymnasium.make or the pz: factory, "
+                            'as JSON, e.g. \'{"continuous": true}\'')
 
 
 def gym_flag_errors(cfg) -> list[str]:
@@ -2127,37 +2129,58 @@ GYM = Family(
 
 
 class GymObservations(gym.ObservationWrapper):
-    """Observations as appo.py's encoders take them: uint8 images (H, W, C) to CHW for the conv
-    encoder, every other Box flattened to a float32 vector for the MLP; a Dict key by key."""
+    """Observations as appo.py's encoders take them (ObservationConverter)."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        space = env.observation_space
-        subspaces = space.spaces if isinstance(space, spaces.Dict) else {None: space}
-        for key, subspace in subspaces.items():
-            if not isinstance(subspace, spaces.Box):
-                raise ValueError(f"observation {key or ''} is {subspace}: appo.py takes Box observations "
-                                 "(images or vectors), or a Dict of them")
-        self._is_image = {key: _is_image_space(subspace) for key, subspace in subspaces.items()}
-        converted = {key: _trainer_space(subspace) for key, subspace in subspaces.items()}
-        self.observation_space = spaces.Dict(converted) if None not in converted else converted[None]
+        self._converter = ObservationConverter(env.observation_space)
+        self.observation_space = self._converter.space
 
     def observation(self, obs):
+        return self._converter(obs)
+
+
+class ObservationConverter:
+    """Observations of `space` as appo.py's encoders take them: uint8 images (H, W, C) to CHW for
+    the conv encoder, every other Box or MultiBinary (an action mask, often) flattened to a float32
+    vector for the MLP, a Discrete one-hot; a Dict key by key. `space` is the converted space."""
+
+    def __init__(self, space: spaces.Space):
+        subspaces = space.spaces if isinstance(space, spaces.Dict) else {None: space}
+        for key, subspace in subspaces.items():
+            if not isinstance(subspace, (spaces.Box, spaces.MultiBinary, spaces.Discrete)):
+                raise ValueError(f"observation {key or ''} is {subspace}: appo.py takes Box observations "
+                                 "(images or vectors), MultiBinary or Discrete ones, or a Dict of them")
+        self._subspaces = subspaces
+        converted = {key: _trainer_space(subspace) for key, subspace in subspaces.items()}
+        self.space = spaces.Dict(converted) if None not in converted else converted[None]
+
+    def __call__(self, obs):
         if not isinstance(obs, dict):
             return self._convert(None, obs)
         return {key: self._convert(key, value) for key, value in obs.items()}
 
     def _convert(self, key, value):
-        if self._is_image[key]:
+        subspace = self._subspaces[key]
+        if isinstance(subspace, spaces.Discrete):
+            one_hot = np.zeros(int(subspace.n), np.float32)
+            one_hot[int(value) - int(subspace.start)] = 1.0
+            return one_hot
+        if _is_image_space(subspace):
             return np.ascontiguousarray(np.transpose(value, (2, 0, 1)))
         return np.asarray(value, dtype=np.float32).reshape(-1)
 
 
-def _is_image_space(space: spaces.Box) -> bool:
-    return space.dtype == np.uint8 and len(space.shape) == 3 and space.shape[2] in (1, 3, 4)
+def _is_image_space(space: spaces.Space) -> bool:
+    return (isinstance(space, spaces.Box) and space.dtype == np.uint8 and len(space.shape) == 3
+            and space.shape[2] in (1, 3, 4))
 
 
-def _trainer_space(space: spaces.Box) -> spaces.Box:
+def _trainer_space(space: spaces.Box | spaces.MultiBinary | spaces.Discrete) -> spaces.Box:
+    if isinstance(space, spaces.Discrete):
+        return spaces.Box(0.0, 1.0, (int(space.n),), np.float32)
+    if isinstance(space, spaces.MultiBinary):
+        return spaces.Box(0.0, 1.0, (int(np.prod(space.shape)),), np.float32)
     if _is_image_space(space):
         height, width, channels = space.shape
         return spaces.Box(0, 255, (channels, height, width), np.uint8)
@@ -2166,8 +2189,185 @@ def _trainer_space(space: spaces.Box) -> spaces.Box:
 
 
 # ------------------------------------------------------------------------------------------------
+# PettingZoo parallel envs: pz:<module>:<factory>
+# ------------------------------------------------------------------------------------------------
+# Every agent of a ParallelEnv is one of appo.py's agents, all stepped at once, as in the Doom
+# matches. One policy serves them all, so they must share their spaces; with --num_policies N
+# each agent plays for a policy drawn at random, as in the matches.
+
+def _is_pz_name(name: str) -> bool:
+    return name.startswith("pz:") and name.count(":") >= 2
+
+
+def _pz_factory(name: str) -> Callable:
+    """The factory of pz:<module>:<factory>, its module imported (ImportError, AttributeError)."""
+    module, factory = name[len("pz:"):].rsplit(":", 1)
+    return getattr(importlib.import_module(module), factory)
+
+
+def make_pettingzoo_env(name: str, cfg=None, env_index: int = 0, render_mode: str | None = None) -> gym.Env:
+    kwargs = json.loads(getattr(cfg, "env_kwargs", None) or "{}")
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    return PettingZooAgents(_pz_factory(name)(**kwargs), seed=_run_seed(cfg, env_index))
+
+
+def _pz_problem(name: str, cfg=None) -> Problem:
+    if not _module_available("pettingzoo"):
+        return ImportError, f"--env {name} needs PettingZoo: pip install -e .[pettingzoo]"
+    if getattr(cfg, "env_frameskip", None) not in (None, 1):
+        return ValueError, f"--env_frameskip {cfg.env_frameskip} with --env {name}: pz: envs take one step per action"
+    return _pz_env_problem(name, getattr(cfg, "env_kwargs", None))
+
+
+@functools.lru_cache(maxsize=None)
+def _pz_env_problem(name: str, env_kwargs: str | None) -> Problem:
+    """What one env made with the run's --env_kwargs says: a factory that cannot be found, an AEC
+    env, agents that cannot share a policy. The env is made once and closed."""
+    try:
+        factory = _pz_factory(name)
+    except (ImportError, AttributeError) as error:
+        return ValueError, (f"--env {name}: cannot find the factory ({error}); name it pz:<module>:<factory>, e.g. "
+                            "pz:pettingzoo.classic.rps_v2:parallel_env, with the module on the Python path")
+    try:
+        env = factory(**json.loads(env_kwargs or "{}"))
+    except Exception as error:  # the user's factory: whatever it raises is theirs to read
+        return ValueError, f"--env {name}: the factory failed ({type(error).__name__}: {error})"
+    try:
+        return _pz_spaces_problem(name, env)
+    finally:
+        env.close()
+
+
+def _pz_spaces_problem(name: str, env) -> Problem:
+    from pettingzoo import AECEnv, ParallelEnv
+
+    if isinstance(env, AECEnv):
+        fix = ("or convert it with pettingzoo.utils.aec_to_parallel in a factory of yours"
+               if env.metadata.get("is_parallelizable") else "if it has one: this one says it cannot step in parallel")
+        return ValueError, (f"--env {name} makes an AEC env (agents act in turn), and appo.py steps every agent at once: "
+                            f"give the module's parallel_env factory, {fix}")
+    if not isinstance(env, ParallelEnv):
+        return ValueError, f"--env {name} makes a {type(env).__name__}, not a PettingZoo ParallelEnv"
+    first, *others = env.possible_agents
+    for kind, space_of in (("observation", env.observation_space), ("action", env.action_space)):
+        differing = next((agent for agent in others if space_of(agent) != space_of(first)), None)
+        if differing is not None:
+            return ValueError, (f"--env {name}: agents {first} and {differing} have different {kind} spaces "
+                                f"({space_of(first)} and {space_of(differing)}), and one policy acts for every "
+                                "agent: pad them to one space (SuperSuit's pad_observations and pad_action_space) "
+                                "in a factory of yours")
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _pz_metadata_and_space(name: str) -> tuple[dict, spaces.Space] | None:
+    """(metadata, first agent's observation space) of one env made with no flags and closed; None
+    if it cannot be made (the problem check says why)."""
+    try:
+        env = _pz_factory(name)()
+    except Exception:  # the problem check says what is wrong
+        return None
+    try:
+        return dict(env.metadata), env.observation_space(env.possible_agents[0])
+    finally:
+        env.close()
+
+
+def _pz_defaults(name: str) -> dict:
+    """The gym: family's rule: vector observations get its vector defaults, images appo.py's own."""
+    made = _pz_metadata_and_space(name)
+    images = made is not None and _any_subspace(made[1], _is_image_space)
+    return dict(GYM_IMAGE_DEFAULTS if images else GYM_VECTOR_DEFAULTS)
+
+
+def _pz_game_fps(name: str) -> float:
+    made = _pz_metadata_and_space(name)
+    return float((made[0].get("render_fps") if made else None) or 30.0)
+
+
+class PettingZooAgents(gym.Env):
+    """A PettingZoo ParallelEnv as this file's multi-agent envs are: lists with one entry per agent
+    of possible_agents, observations converted as for gym: envs (ObservationConverter).
+
+    An agent not in the game (it left early, or has not joined) is given its last observation (or
+    zeros), reward 0, done, and "agent_left" in its info: the rollout worker keeps such steps out
+    of the loss, and the action the policy picks for it is not passed to the env. Each agent's
+    game stats (true_return, true_length) are reported when the whole game ends. With one agent it
+    speaks the single-agent API, as appo.py expects of an env with num_agents 1."""
+
+    def __init__(self, env, seed: int | None):
+        self.env, self.agent_names = env, list(env.possible_agents)
+        self.num_agents = len(self.agent_names)
+        self._converter = ObservationConverter(env.observation_space(self.agent_names[0]))
+        self.observation_space = self._converter.space
+        self.action_space = env.action_space(self.agent_names[0])
+        self.render_mode = getattr(env, "render_mode", None)
+        self._first_seed = seed
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        seed, self._first_seed = (self._first_seed if seed is None else seed), None
+        obs, _ = self.env.reset(seed=seed, options=options)
+        self._last_obs = {agent: self._converter(obs[agent]) if agent in obs else self._empty_obs()
+                          for agent in self.agent_names}
+        self._returns, self._length = dict.fromkeys(self.agent_names, 0.0), 0
+        obs = [self._last_obs[agent] for agent in self.agent_names]
+        return (obs[0] if self.num_agents == 1 else obs), {}
+
+    def step(self, actions):
+        if self.num_agents == 1:
+            return tuple(values[0] for values in self._step([actions]))
+        return self._step(actions)
+
+    def _step(self, actions: list):
+        playing = set(self.env.agents)
+        obs, rewards, terminations, truncations, infos = self.env.step(
+            {agent: action for agent, action in zip(self.agent_names, actions) if agent in playing})
+        self._length += 1
+        step_rewards, dones, step_infos = [], [], []
+        for agent in self.agent_names:
+            if agent in obs:
+                self._last_obs[agent] = self._converter(obs[agent])
+            reward = float(rewards.get(agent, 0.0))
+            self._returns[agent] += reward
+            step_rewards.append(reward)
+            dones.append(agent not in playing or bool(terminations.get(agent)) or bool(truncations.get(agent)))
+            step_infos.append(dict(infos.get(agent, {})) if agent in playing else {"agent_left": True})
+        if not self.env.agents:  # the game is over for everyone
+            for agent, info in zip(self.agent_names, step_infos):
+                info.update(true_return=self._returns[agent], true_length=self._length,
+                            true_objective=self._returns[agent])
+        return ([self._last_obs[agent] for agent in self.agent_names], step_rewards, dones,
+                [False] * self.num_agents, step_infos)
+
+    def _empty_obs(self):
+        space = self.observation_space
+        return ({key: np.zeros(sub.shape, sub.dtype) for key, sub in space.spaces.items()}
+                if isinstance(space, spaces.Dict) else np.zeros(space.shape, space.dtype))
+
+    def render(self):
+        return self.env.render()
+
+    def close(self):
+        self.env.close()
+
+
+PETTINGZOO = Family(
+    title="the pz: family",
+    matches=_is_pz_name,
+    make=make_pettingzoo_env,
+    known=("pz:<module>:<factory> (a PettingZoo ParallelEnv)",),
+    problem=_pz_problem,
+    flag_defaults=_pz_defaults,
+    game_fps=_pz_game_fps,
+    num_agents=lambda name: None,  # known once one is made
+    trained_flags=("env_kwargs",),
+)
+
+
+# ------------------------------------------------------------------------------------------------
 # The registry: every built-in family, in the order names are matched (register_env puts a
 # forker's envs in front)
 # ------------------------------------------------------------------------------------------------
 
-FAMILIES += [DOOM, DOOM_MATCH, ATARI, DMLAB, GYM]
+FAMILIES += [DOOM, DOOM_MATCH, ATARI, DMLAB, GYM, PETTINGZOO]

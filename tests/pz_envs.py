@@ -1,0 +1,75 @@
+"""PettingZoo ParallelEnvs for the pz: family's tests, named pz:pz_envs:<factory>. Each raises on
+what PettingZoo's API forbids or the env does not allow, so that a test sees it as a failed env."""
+import functools
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+GAME_STEPS = 12
+LEAVES_AFTER = 4
+
+
+class MaskedAndLeaving(ParallelEnv):
+    """Three agents pick one of 5 actions each step, of which their mask allows two (a reward for
+    the lower one). Agent "c" leaves after LEAVES_AFTER steps; the game ends after GAME_STEPS.
+    step() raises on a forbidden action and on an action for an agent no longer in the game."""
+    metadata = {"name": "masked_and_leaving_v0", "render_fps": 10}
+
+    def __init__(self, render_mode=None):
+        self.possible_agents = ["a", "b", "c"]
+        self.render_mode = render_mode
+
+    @functools.lru_cache(maxsize=None)
+    def observation_space(self, agent):
+        return spaces.Dict({"observation": spaces.Box(0.0, 1.0, (5,), np.float32),
+                            "action_mask": spaces.Box(0, 1, (5,), np.int8)})
+
+    @functools.lru_cache(maxsize=None)
+    def action_space(self, agent):
+        return spaces.Discrete(5)
+
+    def reset(self, seed=None, options=None):
+        self.rng = np.random.default_rng(seed)
+        self.agents, self.steps = list(self.possible_agents), 0
+        return self.observe(), {agent: {} for agent in self.agents}
+
+    def observe(self):
+        self.masks = {}
+        for agent in self.agents:
+            mask = np.zeros(5, np.int8)
+            mask[self.rng.choice(5, 2, replace=False)] = 1
+            self.masks[agent] = mask
+        return {agent: {"observation": mask.astype(np.float32), "action_mask": mask}
+                for agent, mask in self.masks.items()}
+
+    def step(self, actions):
+        if set(actions) != set(self.agents):
+            raise ValueError(f"actions for {sorted(actions)}, and the agents in the game are {self.agents}")
+        for agent, action in actions.items():
+            if not self.masks[agent][action]:
+                raise ValueError(f"agent {agent} took action {action}, which its mask {self.masks[agent]} forbids")
+        rewards = {agent: float(action == np.flatnonzero(self.masks[agent])[0]) for agent, action in actions.items()}
+        self.steps += 1
+        over = self.steps == GAME_STEPS
+        terminations = {agent: over or (agent == "c" and self.steps == LEAVES_AFTER) for agent in self.agents}
+        truncations = {agent: False for agent in self.agents}
+        infos = {agent: {} for agent in self.agents}
+        self.agents = [agent for agent in self.agents if not terminations[agent]]
+        return self.observe(), rewards, terminations, truncations, infos
+
+
+class UnequalSpaces(MaskedAndLeaving):
+    """Agent "c" sees one more value than the others: one policy cannot serve them all."""
+
+    @functools.lru_cache(maxsize=None)
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (6 if agent == "c" else 5,), np.float32)
+
+
+def masked_and_leaving(**kwargs):
+    return MaskedAndLeaving(**kwargs)
+
+
+def unequal_spaces(**kwargs):
+    return UnequalSpaces(**kwargs)
