@@ -2357,6 +2357,7 @@ PETTINGZOO = Family(
     matches=_is_pz_name,
     make=make_pettingzoo_env,
     known=("pz:<module>:<factory> (a PettingZoo ParallelEnv)",),
+    names_help="pz:<module>:<factory> for a PettingZoo ParallelEnv",
     problem=_pz_problem,
     flag_defaults=_pz_defaults,
     game_fps=_pz_game_fps,
