@@ -316,3 +316,19 @@ def test_every_saved_learning_run_says_its_precision():
         assert r.get("precision") in allowed, r["config"]
         if r["config"]["trainer"] == "appo" and r.get("machine") and "--encoder_dtype" not in str(r["config"]["extra_flags"]):
             assert r["precision"] == ("bfloat16 encoder" if r["machine"]["bfloat16"] else "float32 encoder")
+
+
+def test_the_tables_count_the_first_run_of_each_seed_and_a_rerun_stays_aside():
+    """docs/results/learning.md's rule: no run is replaced for contention or its score; a rerun
+    kept in a replaced/ folder is of the same configuration and seed as the counted run, and
+    started after it."""
+    import glob
+    reruns = glob.glob(os.path.join(REPO, "docs", "bench", "**", "replaced", "*.json"), recursive=True)
+    assert reruns
+    for path in reruns:
+        rerun = bench.load_result(path)
+        env_name, trainer, seed = rerun["config"]["env"], rerun["config"]["trainer"], rerun["config"]["seed"]
+        counted = bench.load_result(os.path.join(os.path.dirname(os.path.dirname(path)), env_name,
+                                                 f"{trainer}_seed{seed}.json"))
+        assert counted["key"] == rerun["key"], path
+        assert counted["started_at"] < rerun["started_at"], f"{path}: the table counts the later run"
