@@ -414,6 +414,17 @@ def machine() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "bfloat16": appo.native_bfloat16("cpu")}
 
 
+def trainer_precision(trainer: str, train_dir: str) -> str:
+    """The precision a run trained in, as the trainer saved it: appo.py's resolved --encoder_dtype
+    (`auto` becomes bfloat16 where the CPU computes it, so the same command differs by machine);
+    Sample Factory 2.1.1 trains in float32 (it has no reduced-precision setting)."""
+    if trainer != "appo":
+        return "float32"
+    saved = load_result(os.path.join(train_dir, "run", "config.json")) or {}
+    dtype = saved.get("encoder_dtype")
+    return f"{dtype} encoder" if dtype in ("bfloat16", "float32") else "not recorded"
+
+
 def run_one(args, config: dict) -> dict:
     trainer, env_name, seed = config["trainer"], config["env"], config["seed"]
     print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: training {config['frames']:,} frames",
@@ -435,6 +446,7 @@ def run_one(args, config: dict) -> dict:
         except Exception as error:  # a run that died before its first summary has none
             outcome["curve_error"] = f"{type(error).__name__}: {error}"
         axis_problem = frame_axis_check(trainer, train_dir, env_name)
+        precision = trainer_precision(trainer, train_dir)
     finally:
         shutil.rmtree(train_dir, ignore_errors=True)
     if outcome["status"] == "ok" and not curve:
@@ -444,7 +456,7 @@ def run_one(args, config: dict) -> dict:
     with open(log_path) as f:
         log_tail = f.read().splitlines()[-20:]
     result = {"key": config_key(config), "config": config, "command": " ".join(command), "commit": git_commit(),
-              **outcome, "load_before": load_before, "machine": machine(), "curve": curve,
+              **outcome, "load_before": load_before, "machine": machine(), "precision": precision, "curve": curve,
               "log_tail": log_tail if outcome["status"] != "ok" else []}
     os.remove(log_path)  # the curve and the tail are kept; whole logs would bloat the repo
     print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: {outcome['status']} in "
@@ -552,6 +564,7 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
             "commit": sorted({r["commit"] for r in ok}),
             "code": sorted({r["config"].get("code", "-") for r in ok}),
             "extra_flags": extra_flags_of(ok),
+            "precision": [r.get("precision", "not recorded") for r in ok],
             "shared_machine": [f"seed {r['config']['seed']}: {r['other_cpu_share']:.0%} of the CPU went elsewhere"
                                for r in ok if r.get("other_cpu_share", 0.0) > CONTENDED_SHARE],
         }
@@ -615,6 +628,13 @@ def format_table(rows: list[dict]) -> str:
     if shared:
         lines += ["", "Runs that shared the machine with another job (their wall-clock reads slow):",
                   *[f"- {s}" for s in shared]]
+    precision = []
+    for trainer, name in (("appo", "appo.py"), ("sf", "Sample Factory")):
+        found = [p for row in rows for p in row[trainer]["precision"]]
+        if found:
+            precision.append(f"{name} " + ", ".join(f"{p} ({found.count(p)} runs)" for p in dict.fromkeys(found)))
+    if precision:
+        lines += ["", f"Precision: {'; '.join(precision)}. The wall-clock columns are at these precisions."]
     flags = " / ".join(dict.fromkeys(row["appo"]["extra_flags"] for row in rows if row["appo"]["extra_flags"]))
     if flags:
         lines += ["", f"appo.py ran with these flags beyond its defaults: {flags}"]

@@ -48,6 +48,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import queue
 import re
 import signal
 import statistics
@@ -172,19 +173,25 @@ def episode_steps(episode_frames: int | None, frameskip: int) -> int | None:
 
 def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go, results,
                     episode_frames: int | None = None):
+    """Makes and resets its envs, says so on `ready` as (worker_id, None), or (worker_id, the error)
+    if it could not, then steps them once `go` is set and puts (worker_id, frames per second)."""
     appo.child_process_setup("pure-sim", owns_envs=True)
     parent = os.getppid()
-    cfg = appo.parse_args(flags)
-    if cfg.set_workers_cpu_affinity:  # where the trainer pins its rollout workers (the Doom family), alike
-        appo.pin_rollout_worker(worker_id, cfg.num_workers)
     env_list = []
     try:
-        for i in range(cfg.num_envs_per_worker):
-            env_list.append(envs.create_env(cfg.env, cfg, env_index=worker_id * cfg.num_envs_per_worker + i))
-        agents = [envs.get_num_agents(env) for env in env_list]
-        for env in env_list:
-            env.reset()
-        ready.put(worker_id)
+        try:
+            cfg = appo.parse_args(flags)
+            if cfg.set_workers_cpu_affinity:  # where the trainer pins its rollout workers (the Doom family), alike
+                appo.pin_rollout_worker(worker_id, cfg.num_workers)
+            for i in range(cfg.num_envs_per_worker):
+                env_list.append(envs.create_env(cfg.env, cfg, env_index=worker_id * cfg.num_envs_per_worker + i))
+            agents = [envs.get_num_agents(env) for env in env_list]
+            for env in env_list:
+                env.reset()
+        except Exception as error:
+            ready.put((worker_id, f"{type(error).__name__}: {error}"))
+            raise
+        ready.put((worker_id, None))
         while not go.wait(timeout=0.5):
             if not appo.parent_alive(parent):
                 return
@@ -197,15 +204,65 @@ def pure_sim_worker(flags: list[str], worker_id: int, seconds: float, ready, go,
                 if step_randomly(env, num_agents, cut=cut_at is not None and steps_in_episode[i] >= cut_at):
                     steps_in_episode[i] = 0
                 agent_steps += num_agents  # frames of every agent, as the trainers count them
-        results.put(agent_steps * cfg.env_frameskip / (time.perf_counter() - start))
+        results.put((worker_id, agent_steps * cfg.env_frameskip / (time.perf_counter() - start)))
     finally:
         for env in env_list:
             env.close()
 
 
-def measure_pure_sim(flags: list[str], num_workers: int, seconds: float, episode_frames: int | None = None) -> float:
+class WorkerLost(RuntimeError):
+    """A pure-simulation worker died, failed or hung before it delivered what the leg waits for."""
+
+
+STARTUP_TIMEOUT_S = 300.0  # making every env (VizDoom's first start on a machine is slow)
+
+
+def exit_reason(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
+
+
+def collect_from_workers(channel, workers: list, what: str, timeout: float) -> dict:
+    """(worker_id, value) from every worker, checking every half second that those not yet heard
+    from are alive: a dead or failed one raises WorkerLost naming it and why, never a wait for the
+    whole timeout; one that is alive but silent for `timeout` s raises it too."""
+    got, deadline = {}, time.monotonic() + timeout
+    while len(got) < len(workers):
+        try:
+            worker_id, value = channel.get(timeout=0.5)
+        except queue.Empty:
+            missing = [i for i in range(len(workers)) if i not in got]
+            dead = [i for i in missing if workers[i].exitcode is not None]
+            if dead:
+                with contextlib.suppress(queue.Empty):  # what a worker put before it exited is in the pipe
+                    while len(got) < len(workers):
+                        worker_id, value = channel.get(timeout=0.2)
+                        got[worker_id] = value
+                        if isinstance(value, str):
+                            raise WorkerLost(f"worker {worker_id} failed {what}: {value}")
+                dead = [i for i in dead if i not in got]
+            if dead:
+                raise WorkerLost("; ".join(f"worker {i} (pid {workers[i].pid}) died {what} "
+                                           f"({exit_reason(workers[i].exitcode)})" for i in dead))
+            if time.monotonic() > deadline:
+                raise WorkerLost(f"worker(s) {', '.join(map(str, missing))} still running but silent "
+                                 f"{what} after {timeout:.0f} s")
+            continue
+        if isinstance(value, str):  # the worker's own error
+            raise WorkerLost(f"worker {worker_id} failed {what}: {value}")
+        got[worker_id] = value
+    return got
+
+
+def measure_pure_sim(flags: list[str], num_workers: int, seconds: float, episode_frames: int | None = None,
+                     startup_timeout: float = STARTUP_TIMEOUT_S) -> float:
     """Frames per second of num_workers processes stepping their envs with random actions; with
-    episode_frames, every episode cut at that length (the pure_episodes leg)."""
+    episode_frames, every episode cut at that length (the pure_episodes leg). WorkerLost names a
+    worker that died or failed."""
     context = multiprocessing.get_context("spawn")
     ready, go, results = context.Queue(), context.Event(), context.Queue()
     workers = [context.Process(target=pure_sim_worker,
@@ -214,16 +271,36 @@ def measure_pure_sim(flags: list[str], num_workers: int, seconds: float, episode
     for worker in workers:
         worker.start()
     try:
-        for _ in workers:
-            ready.get(timeout=300)
+        collect_from_workers(ready, workers, "during start-up, before it reported ready", startup_timeout)
         go.set()  # every env made and reset: the clocks start together
-        fps = sum(results.get(timeout=seconds + 120) for _ in workers)
+        fps = sum(collect_from_workers(results, workers, "while stepping its envs", seconds + 120).values())
         for worker in workers:
             worker.join(timeout=30)
         return fps
     finally:
         for worker in workers:  # after a clean finish a no-op; after an error or Ctrl-C the cleanup
-            appo.kill_process_group(worker.pid)
+            if worker.is_alive():
+                worker.kill()  # a worker still starting up has no process group of its own yet
+                worker.join(timeout=30)
+            appo.kill_process_group(worker.pid)  # what its envs left running (VizDoom's game processes)
+
+
+def pure_sim_leg(flags: list[str], num_workers: int, seconds: float, episode_frames: int | None = None,
+                 startup_timeout: float = STARTUP_TIMEOUT_S) -> dict:
+    """One run of a pure-simulation leg, retried once if a worker was lost (the first VizDoom start on
+    a fresh machine lost one once); the run's record says what was retried and why. A second loss
+    ends the bench with the message."""
+    lost = again = None  # messages only: a kept exception would keep the run's queues (and semaphores)
+    try:
+        return {"fps": measure_pure_sim(flags, num_workers, seconds, episode_frames, startup_timeout)}
+    except WorkerLost as error:
+        lost = str(error)
+    print(f"warning: pure simulation: {lost}; running the leg again (once)", file=sys.stderr, flush=True)
+    try:
+        return {"fps": measure_pure_sim(flags, num_workers, seconds, episode_frames, startup_timeout), "retried": lost}
+    except WorkerLost as error:
+        again = str(error)
+    raise SystemExit(f"error: pure simulation lost a worker twice: first {lost}; then {again}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,6 +590,14 @@ def gpu_time_batch(args, ours_runs: list[dict]) -> tuple[int | None, str]:
     return None, ""
 
 
+def leg_precision(args, flags: list[str]) -> dict:
+    """The precision each trainer leg computes in: appo.py's resolved --encoder_dtype (auto: bfloat16
+    where the device computes it natively), float32 for ours_fp32 and for Sample Factory 2.1.1, which
+    has no reduced-precision setting. The pure-simulation legs run no model."""
+    ours = ours_resolved(args, flags).encoder_dtype
+    return {"ours": f"{ours} encoder", "gpu_time": f"{ours} encoder", "ours_fp32": "float32 encoder", "sf": "float32"}
+
+
 def measure_configuration(args, envs_per_worker: int) -> dict:
     flags = trainer_config(args, envs_per_worker)
     runs = {leg: [] for leg in args.legs}
@@ -521,10 +606,9 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
             print(f"# {args.env}, {args.num_workers}x{envs_per_worker} envs: {leg} "
                   f"(run {repeat + 1} of {args.repeats})", file=sys.stderr, flush=True)
             if leg == "pure":
-                runs[leg].append({"fps": measure_pure_sim(flags, args.num_workers, args.seconds)})
+                runs[leg].append(pure_sim_leg(flags, args.num_workers, args.seconds))
             elif leg == "pure_episodes":
-                runs[leg].append({"fps": measure_pure_sim(flags, args.num_workers, args.seconds,
-                                                          args.pure_episode_frames),
+                runs[leg].append({**pure_sim_leg(flags, args.num_workers, args.seconds, args.pure_episode_frames),
                                   "episode_frames": args.pure_episode_frames})
             elif leg == "gpu_time":
                 batch, source = gpu_time_batch(args, runs.get("ours", []))
@@ -541,6 +625,7 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
                       "\n  ".join(runs[leg][-1]["log_tail"]), file=sys.stderr)
     fps = {leg: median_or_none([run["fps"] for run in runs.get(leg, [])]) for leg in LEGS}
     result = {"env": args.env, "num_workers": args.num_workers, "num_envs": args.num_workers * envs_per_worker,
+              "precision": leg_precision(args, flags),
               "policy_workers_per_policy": getattr(args, "policy_workers_per_policy", None),
               "pure_sim_fps": fps["pure"], "pure_episodes_fps": fps["pure_episodes"], "ours_fps": fps["ours"],
               "ours_fp32_fps": fps["ours_fp32"], "sf_fps": fps["sf"], "runs": runs}
@@ -591,7 +676,10 @@ def format_table(results: list[dict]) -> str:
                 details.append(text)
     return "\n".join(lines + ["", "FPS = env frames trained per second (frameskip included), both trainers; "
                                 "medians over runs. ours: appo.py's defaults (encoder precision: --encoder_dtype "
-                                "auto); ours fp32: float32, like Sample Factory."] + details)
+                                "auto); ours fp32: float32, like Sample Factory."] + details + [
+        f"{r['num_envs']} envs, precision: " + ", ".join(f"{leg} {p}" for leg, p in r["precision"].items()
+                                                        if leg in r["runs"])
+        for r in results if r.get("precision")])  # (.get: result files from before it was recorded)
 
 
 def gpu_time_text(run: dict, num_envs: int) -> str:
@@ -640,7 +728,10 @@ def provenance(args) -> dict:
     script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
     return {"command": " ".join(["python", script, *sys.argv[1:]]), "commit": git("rev-parse", "HEAD"),
             "uncommitted": [line[3:] for line in uncommitted.splitlines()], "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__}
+            "cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            # whether this CPU computes bfloat16 natively (what --encoder_dtype auto goes by on the CPU)
+            "cpu_bfloat16": appo.native_bfloat16("cpu"),
+            "cpu_bfloat16_flags": sorted(appo.cpu_flags() & {"avx512_bf16", "amx_bf16"})}
 
 
 def comparison_table(paths: list[str]) -> str:

@@ -279,7 +279,9 @@ def main() -> int:
     for leg in legs:
         print(f"# {leg}", flush=True)
         result[leg] = measure[leg](args)
-    result["provenance"] = bench.provenance(args)
+    result["provenance"] = bench.provenance(args)  # the CPU and whether it computes bfloat16 among it
+    precision = bench.leg_precision(args, bench.trainer_config(args, args.num_envs_per_worker))
+    result["precision"] = {leg: precision[leg] for leg in legs if leg in precision}  # what each trainer ran
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

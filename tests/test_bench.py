@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 import uuid
 
@@ -167,6 +168,17 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     assert figures["env"] == "doom_basic" and figures["num_envs"] == 2 and figures["sf_fps"] is None
     assert figures["pure_sim_fps"] > 0 and figures["pure_episodes_fps"] > 0 and figures["ours_fps"] > 0
     assert figures["ours_fp32_fps"] > 0 and figures["ours_fp32_over_sf"] is None  # no SF leg here
+    # relations a correct bench keeps: stepping the same envs with no model is faster than training on
+    # them (by far here: the learner shares the cores), and the table's figures are the runs' medians
+    assert figures["pure_sim_fps"] > 1.5 * figures["ours_fps"], figures
+    assert figures["pure_sim_fps"] > 1.5 * figures["ours_fp32_fps"], figures
+    for leg, key in (("pure", "pure_sim_fps"), ("pure_episodes", "pure_episodes_fps"), ("ours", "ours_fps"),
+                     ("ours_fp32", "ours_fp32_fps")):
+        assert figures[key] == np.median([run["fps"] for run in figures["runs"][leg]])
+    # the precision each trainer leg ran: the ours leg as appo.py resolves --encoder_dtype auto here
+    ours_dtype = appo.parse_args(["--env", "doom_basic"]).encoder_dtype
+    assert figures["precision"] == {"ours": f"{ours_dtype} encoder", "gpu_time": f"{ours_dtype} encoder",
+                                    "ours_fp32": "float32 encoder", "sf": "float32"}
     assert figures["ours_over_pure_sim"] == pytest.approx(figures["ours_fps"] / figures["pure_sim_fps"])
     assert figures["runs"]["pure_episodes"][0]["episode_frames"] == 24
     assert list(figures["runs"])[-1] == "gpu_time"  # run after ours, whose batch it times
@@ -176,14 +188,19 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     assert gpu_time["inference_event_ms_per_batch"] is None and gpu_time["learner_syncs_per_step"] is None  # CPU
     ours = figures["runs"]["ours"][0]
     assert set(ours["busy_percent"]) == {"env", "inference", "learner"}
+    assert all(0 <= busy <= 100 for busy in ours["busy_percent"].values()) and ours["busy_percent"]["learner"] > 0
     assert processes_tagged(tag) == []  # and conftest checks /dev/shm
     saved = json.loads((tmp_path / "result.json").read_text())  # the result file: figures and where they came from
     assert saved["results"][0]["ours_fps"] == figures["ours_fps"]
     assert len(saved["provenance"]["commit"]) == 40 and "--legs" in saved["provenance"]["command"]
+    assert saved["provenance"]["cpu_bfloat16"] == appo.native_bfloat16("cpu")  # what auto went by
+    assert (ours_dtype == "bfloat16") == saved["provenance"]["cpu_bfloat16"]
     report = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--report",
                              str(tmp_path / "result.json")], capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and "doom_basic" in report.stdout and "# commit:" in report.stdout, report.stderr
     assert "gpu_time on cpu: forward at batch" in report.stdout, report.stdout
+    assert f"precision: ours {ours_dtype} encoder, gpu_time {ours_dtype} encoder, ours_fp32 float32 encoder" \
+        in report.stdout, report.stdout
 
 
 def test_random_steps_drive_a_multi_agent_env_to_its_next_match():
@@ -256,3 +273,33 @@ def test_the_policy_worker_benchmark_splits_act_on_into_the_forward_and_the_rest
     row = result["results"][0]
     assert row["batch"] == 8 and row["iterations"] >= 20
     assert 0 < row["forward_us"] < row["act_on_us"] and row["outside_us"] > 0
+
+
+DIES_AT_STARTUP = "gym:dies_at_startup_env:DiesAtStartup-v0"
+
+
+def test_a_pure_simulation_worker_killed_during_start_up_is_named_and_the_leg_runs_again(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Issue 51: a worker lost before it reported ready made the leg wait 300 s and fail with a bare
+    queue.Empty. Now the leg names the worker and how it died, at once, and runs again once."""
+    monkeypatch.setenv("DIE_AT_STARTUP_DIR", str(tmp_path))
+    monkeypatch.setenv("DIE_AT_STARTUP_TIMES", "1")  # the first env made, in whichever worker, kills it
+    flags = bench.trainer_config(bench_args(env=DIES_AT_STARTUP, batch_size=64, rollout=16, worker_num_splits=1), 2)
+    started = time.monotonic()
+    run = bench.pure_sim_leg(flags, num_workers=2, seconds=1.0, startup_timeout=60.0)
+    assert time.monotonic() - started < 45  # not the start-up timeout
+    assert run["fps"] > 0
+    assert "during start-up, before it reported ready (killed by SIGKILL)" in run["retried"], run
+    assert "running the leg again (once)" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["death_0"]
+
+
+def test_a_pure_simulation_worker_lost_twice_ends_the_bench_with_both_reasons(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIE_AT_STARTUP_DIR", str(tmp_path))
+    monkeypatch.setenv("DIE_AT_STARTUP_TIMES", "2")
+    flags = bench.trainer_config(bench_args(env=DIES_AT_STARTUP, batch_size=64, rollout=16, worker_num_splits=1), 2)
+    with pytest.raises(SystemExit) as stopped:
+        bench.pure_sim_leg(flags, num_workers=1, seconds=1.0, startup_timeout=60.0)
+    message = str(stopped.value)
+    assert message.startswith("error: pure simulation lost a worker twice")
+    assert message.count("worker 0 (pid") == 2 and message.count("killed by SIGKILL") == 2, message

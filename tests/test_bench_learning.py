@@ -220,6 +220,8 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
     assert result["status"] == "ok", result["log_tail"]
     assert result["machine"]["cores"] == os.cpu_count() and isinstance(result["machine"]["bfloat16"], bool)
+    # the precision it trained in, read from its saved configuration: auto resolves by the CPU
+    assert result["precision"] == ("bfloat16 encoder" if result["machine"]["bfloat16"] else "float32 encoder")
     frames = [point[1] for point in result["curve"]]
     assert frames and frames == sorted(frames) and frames[-1] >= 40000 * 0.75
     batch_size = env.env_defaults("doom_basic")["batch_size"]
@@ -280,3 +282,53 @@ def test_headline_cells_count_only_finished_runs_and_name_a_single_seed(tmp_path
     assert bench.headline_cell(runs, 1000) == "21.00 [20.00, 22.00]"
     assert bench.headline_cell(runs[:1], 1000) == "20.00 (1 seed)"
     assert bench.saved_runs(str(tmp_path), "doom_y", "sf_doom_batch_512") == []
+
+
+@pytest.mark.parametrize("trainer, saved, expected", [
+    ("appo", {"encoder_dtype": "bfloat16"}, "bfloat16 encoder"),
+    ("appo", {"encoder_dtype": "float32"}, "float32 encoder"),
+    ("appo", {}, "not recorded"),  # no saved configuration: said, not guessed
+    ("sf", {}, "float32"),
+])
+def test_each_run_records_the_precision_its_trainer_ran_and_the_table_says_it(tmp_path, trainer, saved, expected):
+    """Issue 51: appo.py's encoder runs in bfloat16 where the CPU computes it, Sample Factory in
+    float32, so the wall-clock columns compare different precisions: every run says which."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(saved))
+    assert bench.trainer_precision(trainer, str(tmp_path)) == expected
+    runs = [{**run(trainer, 1, [[60.0, 1000.0, 20.0]], 60.0), "precision": expected},
+            {**run(trainer, 2, [[60.0, 1000.0, 21.0]], 60.0), "precision": expected}]
+    row = bench.summarize_env("doom_x", 1000, {trainer: runs}, "same")
+    name = "appo.py" if trainer == "appo" else "Sample Factory"
+    assert f"Precision: {name} {expected} (2 runs)." in bench.format_table([row])
+
+
+def test_every_saved_learning_run_says_its_precision():
+    """The result files under docs/bench record the precision each run trained in, or say that it
+    was not recorded; Sample Factory's runs are float32."""
+    import glob
+    runs = [bench.load_result(path) for path in glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"),
+                                                          recursive=True)]
+    runs = [r for r in runs if isinstance(r, dict) and "curve" in r and "config" in r]
+    assert len(runs) > 200
+    for r in runs:
+        allowed = {"float32"} if r["config"]["trainer"] == "sf" else {"bfloat16 encoder", "float32 encoder", "not recorded"}
+        assert r.get("precision") in allowed, r["config"]
+        if r["config"]["trainer"] == "appo" and r.get("machine") and "--encoder_dtype" not in str(r["config"]["extra_flags"]):
+            assert r["precision"] == ("bfloat16 encoder" if r["machine"]["bfloat16"] else "float32 encoder")
+
+
+def test_the_tables_count_the_first_run_of_each_seed_and_a_rerun_stays_aside():
+    """docs/results/learning.md's rule: no run is replaced for contention or its score; a rerun
+    kept in a replaced/ folder is of the same configuration and seed as the counted run, and
+    started after it."""
+    import glob
+    reruns = glob.glob(os.path.join(REPO, "docs", "bench", "**", "replaced", "*.json"), recursive=True)
+    assert reruns
+    for path in reruns:
+        rerun = bench.load_result(path)
+        env_name, trainer, seed = rerun["config"]["env"], rerun["config"]["trainer"], rerun["config"]["seed"]
+        counted = bench.load_result(os.path.join(os.path.dirname(os.path.dirname(path)), env_name,
+                                                 f"{trainer}_seed{seed}.json"))
+        assert counted["key"] == rerun["key"], path
+        assert counted["started_at"] < rerun["started_at"], f"{path}: the table counts the later run"

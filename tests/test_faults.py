@@ -7,6 +7,7 @@ check that no process of the run (tagged through its environment) outlives it.
 import glob
 import multiprocessing
 import os
+import queue
 import re
 import resource
 import signal
@@ -183,7 +184,9 @@ def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(
         stop_sent = time.monotonic()
         run.process.send_signal(signal.SIGTERM)
         assert run.finish(timeout=30) == 0, run.output_tail()
-        assert time.monotonic() - stop_sent < 10  # the README's bound: every child gone, the runner too
+        # every child gone, the runner too: shutdown() gives the children 8 s and a learner 30 s to finish
+        # the batch in hand, and this small model's batch takes well under a second
+        assert time.monotonic() - stop_sent < 10
     finally:
         run.process.kill()
     assert "stop requested: saving and shutting down" in run.output
@@ -358,21 +361,60 @@ def test_resuming_with_flags_that_change_the_model_is_refused(tmp_path, capsys):
     assert "--hidden_size 128 conflicts with 64 saved in" in err and "use another --experiment" in err
 
 
+def learner_given_one_slow_batch(cfg, shared, spaces_pair, training):
+    """A real Learner in its own loop (Learner.run: the stop flag, the batch in hand, the final
+    checkpoint), whose batcher is replaced by one batch of seconds of SGD (many epochs); `training`
+    is set when it starts on it."""
+    from test_appo import fake_batch
+    appo.child_process_setup("learner", cfg.learner_threads)  # as learner_main
+    learner = appo.Learner(0, cfg, shared, spaces_pair)
+    batches = [fake_batch(*spaces_pair, cfg, cfg.rollout, appo.trajectories_per_batch(cfg))]
+
+    def next_batch(timeout):
+        if not batches:
+            time.sleep(timeout)
+            raise queue.Empty
+        training.set()
+        return batches.pop()
+
+    learner.next_batch = next_batch
+    learner.run(process_index=0)
+
+
 def test_shutdown_waits_longer_for_a_learner_finishing_its_batch_than_for_other_children(tmp_path):
     """A learner stops after the batch in hand, then writes the final checkpoint: killed at the
-    other children's grace, a slow batch lost the weights trained since the last checkpoint."""
-    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_workers", "1", "--train_dir", str(tmp_path)])
+    other children's grace, a slow batch lost the weights trained since the last checkpoint. Here a
+    real learner is stopped seconds into a batch: it finishes the batch, saves, and exits 0 while a
+    hung child beside it is killed at its short grace."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_workers", "1", "--train_dir", str(tmp_path),
+                           "--num_epochs", "40", "--save_every_sec", "100000"])  # a batch of 160 SGD steps
     probe = appo.probe_env(cfg)
     shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
-    context = multiprocessing.get_context("fork")  # stand-ins: a learner busy for 1.5 s, a worker that hangs
-    learner = appo.Child("learner 0", "learner", 0, time.sleep, (1.5,))
-    worker = appo.Child("policy worker 0", "policy worker", 1, time.sleep, (60.0,))
+    context = multiprocessing.get_context("spawn")  # as the runner starts its children
+    training = context.Event()
+    learner = appo.Child("learner 0", "learner", 0, learner_given_one_slow_batch,
+                         (cfg, shared, probe.spaces, training))
+    worker = appo.Child("policy worker 0", "policy worker", 1, time.sleep, (60.0,))  # a child that hangs
     for child in (learner, worker):
         child.process = context.Process(target=child.target, args=child.args, daemon=True)
         child.process.start()
-    appo.shutdown(shared, [worker, learner], grace_s=0.3, learner_grace_s=10.0)
+    try:
+        assert training.wait(timeout=120)
+        time.sleep(0.2)  # into the batch
+        assert glob.glob(os.path.join(appo.checkpoint_dir(cfg, 0), "*")) == []  # nothing saved yet
+        started = time.monotonic()
+        appo.shutdown(shared, [worker, learner], grace_s=0.3, learner_grace_s=30.0)
+    finally:
+        for child in (learner, worker):
+            child.process.kill()
+            child.process.join(timeout=10)
     assert learner.process.exitcode == 0  # it finished
     assert worker.process.exitcode == -signal.SIGKILL
+    assert time.monotonic() - started > 0.3  # the batch outlasted the other children's grace
+    saved = glob.glob(os.path.join(appo.checkpoint_dir(cfg, 0), "*"))
+    assert len(saved) == 1, saved  # the final checkpoint, written after the stop
+    checkpoint = torch.load(saved[0], map_location="cpu", weights_only=False)
+    assert checkpoint["policy_version"] == 1  # the whole batch trained: one version
 
 
 def stale_request_setup(tmp_path):

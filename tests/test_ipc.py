@@ -658,8 +658,22 @@ def test_waiting_for_a_lock_another_process_holds_lets_python_run(spawn, tmp_pat
     # this thread woke while the releaser still waited (one that kept the GIL would have let it run
     # only after holders[0]'s death at 3 s, with the release done)
     assert releaser.is_alive() and holders[0].is_alive()
-    with pytest.raises(queue.Empty):
-        q.get_nowait()  # gives up on the held lock instead of waiting for its holder
+    gave_up = []
+
+    def get_nowait():
+        started = time.monotonic()
+        with pytest.raises(queue.Empty):
+            q.get_nowait()  # gives up on the held lock instead of waiting for its holder
+        gave_up.append(time.monotonic() - started)
+
+    getter = threading.Thread(target=get_nowait, daemon=True)
+    getter.start()
+    getter.join(timeout=10)  # a get that waited for the holder would still be waiting: fail, not hang
+    try:
+        assert gave_up and 0.2 <= gave_up[0] < 2.0, gave_up  # architecture.md: it gives up after 0.25 s
+    finally:
+        if not gave_up:
+            os.kill(holders[1].pid, signal.SIGKILL)
     assert holders[1].is_alive()
     releaser.join(timeout=30)
     killer.join(timeout=30)
