@@ -3507,7 +3507,7 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] 
     """Runs a whole training; returns its exit code and final figures (TrainResult). Its lines also
     go to train.log in the experiment's folder. From Python: cfg = parse_args([...flags]), then
     flag_errors(cfg) and start_afresh(cfg) (what main() does first), then train(cfg); see
-    scripts/optuna_search.py. `watch`, if given, is called every round of the runner's loop with
+    scripts/tools/optuna_search.py. `watch`, if given, is called every round of the runner's loop with
     the shared state, the workers and the runner's stats (scripts/chaos.py kills processes from
     there and checks that the run recovers)."""
     log = "train.log" if cfg.rank == 0 else f"train_rank{cfg.rank}.log"

@@ -35,8 +35,8 @@ setup(
         "box2d": ["gymnasium[box2d]"],
         "bench": ["faster-fifo", "matplotlib"],
         "wandb": ["wandb"],
-        "sweep": ["optuna", "wandb"],  # scripts/optuna_search.py, scripts/wandb_sweep.yaml
+        "sweep": ["optuna", "wandb"],  # scripts/tools/optuna_search.py, scripts/tools/wandb_sweep.yaml
         "video": ["imageio>=2.9", "imageio-ffmpeg>=0.4"],  # --save_video: H.264 through the ffmpeg they bring
-        "plot": ["matplotlib"],  # scripts/plot.py --out (it reads the summaries with tensorboard, installed anyway)
+        "plot": ["matplotlib"],  # scripts/tools/plot.py --out (it reads the summaries with tensorboard, installed anyway)
     },
 )

@@ -1,11 +1,11 @@
-"""scripts/plot.py on real TensorBoard event files, written the way appo.py writes them."""
+"""scripts/tools/plot.py on real TensorBoard event files, written the way appo.py writes them."""
 import os
 import sys
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "tools"))
 import plot  # noqa: E402
 
 

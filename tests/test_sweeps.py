@@ -1,4 +1,4 @@
-"""scripts/sweep_doom_basic_lr.sh: real short runs in parallel, each its own experiment, then plot.py."""
+"""scripts/tools/sweep_doom_basic_lr.sh: real short runs in parallel, each its own experiment, then plot.py."""
 import os
 import subprocess
 import sys
@@ -16,7 +16,7 @@ def test_the_seed_and_learning_rate_sweep_runs_every_pair_and_plots(tmp_path):
     tag = uuid.uuid4().hex
     env = {**os.environ, "SWEEP_TEST_TAG": tag, "TRAIN_DIR": str(tmp_path), "SWEEP": "sweep",
            "SEEDS": "1 2", "LRS": "1e-4 3e-4", "MAX_PARALLEL": "2", "STEPS": "2000"}
-    result = subprocess.run(["bash", os.path.join(REPO, "scripts", "sweep_doom_basic_lr.sh"), "--num_workers", "1",
+    result = subprocess.run(["bash", os.path.join(REPO, "scripts", "tools", "sweep_doom_basic_lr.sh"), "--num_workers", "1",
                              "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--batch_size", "64",
                              "--rollout", "16", "--report_every_sec", "1"],
                             capture_output=True, text=True, timeout=600, env=env)
@@ -29,7 +29,7 @@ def test_the_seed_and_learning_rate_sweep_runs_every_pair_and_plots(tmp_path):
         assert "training doom_basic" in text, text[-2000:]
         assert os.listdir(tmp_path / "sweep" / name / "checkpoint_p0"), text[-2000:]
     assert processes_still_tagged(tag) == []
-    plotted = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "plot.py"),
+    plotted = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "tools", "plot.py"),
                               *[str(tmp_path / "sweep" / name) for name in names], "--tag", "perf/fps"],
                              capture_output=True, text=True, timeout=120)
     assert plotted.returncode == 0, plotted.stderr[-2000:]

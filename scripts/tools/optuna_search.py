@@ -1,8 +1,8 @@
 """A learning-rate and entropy search on doom_basic with Optuna, each trial one appo.train() call
 in this process (pip install optuna). Trials run one at a time: each uses every core.
 
-    python scripts/optuna_search.py --trials 20 --frames 500000
-    python scripts/optuna_search.py --trials 2 --frames 20000 -- --num_workers 1   # extra flags go to every trial
+    python scripts/tools/optuna_search.py --trials 20 --frames 500000
+    python scripts/tools/optuna_search.py --trials 2 --frames 20000 -- --num_workers 1   # extra flags go to every trial
 """
 import argparse
 import math
@@ -11,7 +11,7 @@ import sys
 
 import optuna
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import appo  # noqa: E402
 
 

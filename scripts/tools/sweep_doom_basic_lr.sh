@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Seeds x learning rate on doom_basic: one experiment per pair, MAX_PARALLEL runs at a time.
-#   scripts/sweep_doom_basic_lr.sh                      # 3 seeds x 3 learning rates, 1 at a time
-#   SEEDS="1 2" LRS="1e-4 3e-4" MAX_PARALLEL=2 scripts/sweep_doom_basic_lr.sh --num_workers 4
+#   scripts/tools/sweep_doom_basic_lr.sh                      # 3 seeds x 3 learning rates, 1 at a time
+#   SEEDS="1 2" LRS="1e-4 3e-4" MAX_PARALLEL=2 scripts/tools/sweep_doom_basic_lr.sh --num_workers 4
 # Extra arguments go to every run. Each run logs to $TRAIN_DIR/$SWEEP/<name>.log; plot with
-#   python scripts/plot.py train_dir/$SWEEP/doom_basic_lr* --target 75 --out $SWEEP.png
+#   python scripts/tools/plot.py train_dir/$SWEEP/doom_basic_lr* --target 75 --out $SWEEP.png
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 SWEEP="${SWEEP:-sweep_doom_basic_lr}"
 TRAIN_DIR="${TRAIN_DIR:-train_dir}"
@@ -28,4 +28,4 @@ for lr in $LRS; do
   done
 done
 wait
-echo "done: python scripts/plot.py $TRAIN_DIR/$SWEEP/doom_basic_lr* --target 75 --out $SWEEP.png"
+echo "done: python scripts/tools/plot.py $TRAIN_DIR/$SWEEP/doom_basic_lr* --target 75 --out $SWEEP.png"

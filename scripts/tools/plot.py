@@ -1,7 +1,7 @@
 """Learning curves from appo.py's TensorBoard summaries: PNGs and a results table.
 
-    python scripts/plot.py train_dir/doom_basic --target 75 --out docs/doom_basic.png
-    python scripts/plot.py train_dir/lr_sweep/* --out lr_sweep.png
+    python scripts/tools/plot.py train_dir/doom_basic --target 75 --out docs/doom_basic.png
+    python scripts/tools/plot.py train_dir/lr_sweep/* --out lr_sweep.png
 
 Each experiment folder is one run. Runs whose names differ only in a trailing `_seed<N>` form a
 group, drawn as the mean over its seeds with the min-max spread shaded; a run on its own is a
