@@ -120,6 +120,7 @@ def positive(action: argparse.Action) -> argparse.Action:
 
 
 def at_least_0(action: argparse.Action) -> argparse.Action:
+    """Marks a number flag that must be 0 or more."""
     action.bound = "at_least_0"
     return action
 
