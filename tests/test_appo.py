@@ -1143,7 +1143,7 @@ def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
     start-up on a loaded machine leaves enough reports."""
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
                "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "128", "--num_epochs", "8",
-               "--hidden_size", "128", "--train_for_env_steps", "30000", "--report_every_sec", "2",
+               "--hidden_size", "128", "--train_for_env_steps", "16000", "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--seed", "1"]
     tag = uuid.uuid4().hex
     run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
