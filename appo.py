@@ -351,8 +351,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cfg = parser.parse_args(argv)
     given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
     cfg.flags_given = sorted(action.dest for action in parser._actions if given & set(action.option_strings))
-    if not cfg.async_rl and not {"async_rl", "batch_size", "num_batches_per_epoch"} & set(cfg.flags_given):
-        fit_synchronous_batches(cfg)
+    if fits_batches(cfg) and envs.num_agents_of(cfg.env) is not None:  # else once the runner has made one
+        fit_synchronous_batches(cfg, envs.num_agents_of(cfg.env))
     if cfg.device == "auto":
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg.device = "cuda" if cfg.device == "gpu" else cfg.device
@@ -395,7 +395,12 @@ def rollouts_per_batch(cfg, num_agents: int) -> int:
     return max(1, samples_per_iteration(cfg) // samples_per_rollout_of_every_env(cfg, num_agents))
 
 
-def fit_synchronous_batches(cfg):
+def fits_batches(cfg) -> bool:
+    """Are the batch sizes a family's synchronous default, to be fitted to the workers?"""
+    return not cfg.async_rl and not {"async_rl", "batch_size", "num_batches_per_epoch"} & set(cfg.flags_given)
+
+
+def fit_synchronous_batches(cfg, num_agents: int):
     """A family's synchronous default (Sample Factory's, for Atari and gym:) at any worker count.
 
     A synchronous iteration is whole rollouts of every env, so its size follows the machine: here
@@ -403,9 +408,9 @@ def fit_synchronous_batches(cfg):
     minibatches (--batch_size, kept, as are the epochs; --num_batches_per_epoch follows). The SGD
     steps per sample stay the family's on 1 core or 64; what grows with the envs is the samples
     between two updates, as when Sample Factory or CleanRL run more envs. Sizes of your own are
-    kept, and config_errors says if they do not fit.
+    kept, and config_errors says if they do not fit. An env whose agents are known only once one is
+    made (pz:, registered ones) is fitted by the runner, after its probe.
     """
-    num_agents = envs.num_agents_of(cfg.env) or 1  # the synchronous families know theirs
     samples = samples_per_rollout_of_every_env(cfg, num_agents)
     if samples <= 0 or cfg.batch_size <= 0 or cfg.num_batches_per_epoch <= 0:
         return  # config_errors names the flag
@@ -3531,6 +3536,8 @@ def run_training(cfg, watch) -> TrainResult:
         print(f"error: {cfg.env} failed to start ({type(error).__name__}: {error}); its engine's output is in "
               f"{engine_log_path(cfg, 'probe')}", file=sys.stderr)
         return TrainResult(exit_code=1)
+    if fits_batches(cfg) and envs.num_agents_of(cfg.env) is None:  # its agents are known only now
+        fit_synchronous_batches(cfg, probe.num_agents)
     errors = probe_errors(cfg, probe) + [error for extra in EXTRAS for error in extra.probe_errors(cfg, probe)]
     if errors:
         print_errors(errors)

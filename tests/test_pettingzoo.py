@@ -74,6 +74,15 @@ def test_a_pettingzoo_env_trains_from_the_command_line_with_one_policy_and_with_
 
 
 @pytest.mark.slow
+def test_the_synchronous_default_batch_fits_agents_known_only_once_an_env_is_made(tmp_path):
+    # three agents an env, known only after the runner made one: 1 worker x 2 envs x 3 agents x 64
+    # steps = 384 samples a rollout of every env; the family's iteration (256 x 4) becomes 6 minibatches
+    result = run_appo(tmp_path, MASKED_AND_LEAVING, "--experiment", "e", *SHORT_RUN)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "--num_batches_per_epoch 4 (now 6)" in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
 def test_masked_actions_and_an_agent_that_left_never_reach_the_env_in_training_or_evaluation(tmp_path):
     # three agents a env: an iteration of 384 samples, 3 minibatches of 128
     result = run_appo(tmp_path, MASKED_AND_LEAVING, "--experiment", "e", "--batch_size", "128",
