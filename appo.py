@@ -2968,8 +2968,9 @@ def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces
 class Extra:
     """One optional part of the trainer. Every method is optional. The runner makes one of each
     registered class when the run starts (the shared state made, no child started yet) and calls
-    it every round of its loop, whenever a report is due, and once when the run stops; learners
-    call `before_sgd` in their own processes."""
+    it every round of its loop, whenever a report is due, and once when the run stops. Learners
+    call `learner_start`, `before_sgd` and `learner_stop` in their own processes (in this one with
+    --serial_mode), so those are static: what they keep, they keep on the learner."""
 
     mode: str | None = None  # a --mode of its own, e.g. "eval", run by main(cfg) instead of training
     mode_help = ""
