@@ -2990,11 +2990,6 @@ class Extra:
         return []
 
     @staticmethod
-    def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
-        """Its checks of the flags against the env the runner made (spaces, agents)."""
-        return []
-
-    @staticmethod
     def learner_start(learner: "Learner") -> None:
         """In a learner, once its model and optimiser exist (resumed from the checkpoint, if any)."""
 
@@ -3539,7 +3534,7 @@ def run_training(cfg, watch) -> TrainResult:
         return TrainResult(exit_code=1)
     if fits_batches(cfg) and envs.num_agents_of(cfg.env) is None:  # its agents are known only now
         fit_synchronous_batches(cfg, probe.num_agents)
-    errors = probe_errors(cfg, probe) + [error for extra in EXTRAS for error in extra.probe_errors(cfg, probe)]
+    errors = probe_errors(cfg, probe)
     if errors:
         print_errors(errors)
         return TrainResult(exit_code=2)
