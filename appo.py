@@ -3664,10 +3664,14 @@ class Reporting(Extra):
                 print(line, flush=True)
         self.summaries = Summaries(run.cfg)
         self.best_returns = [float("-inf")] * run.cfg.num_policies  # the best 100-game average at a status line
+        self.first_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies  # see did_not_learn
 
     def report(self, run: Run):
         self.best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
                              for best, returns in zip(self.best_returns, run.stats.episode_returns)]
+        self.first_windows = [first or ((float(np.mean(returns)), float(np.std(returns) / np.sqrt(len(returns))))
+                                        if len(returns) == returns.maxlen else None)
+                              for first, returns in zip(self.first_windows, run.stats.episode_returns)]
         self.summaries.write(run)
 
     def stop(self, run: Run):
@@ -3676,7 +3680,7 @@ class Reporting(Extra):
         if cfg.rank == 0:
             self.summaries.write(run)
             if run.exit_code == 0:
-                print("\n".join(end_of_run_lines(cfg, run.result)), flush=True)
+                print("\n".join(end_of_run_lines(cfg, run.result, self.first_windows)), flush=True)
         self.summaries.close()
 
 
@@ -3694,8 +3698,19 @@ def final_result(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns
         checkpoints=[paths[-1] if paths else None for paths in saved])
 
 
-def end_of_run_lines(cfg, result: TrainResult) -> list[str]:
-    """The run's last lines: what it trained, how well, where it saved, how to watch it play."""
+def did_not_learn(first_window: tuple[float, float] | None, best: float) -> bool:
+    """Did the best 100-game average of a run stay within two standard errors of its first one
+    ((mean, standard error) of the first 100 games at a status line)? Random play's score moves
+    that much between windows, so a run that never did better likely learned nothing."""
+    if first_window is None or not np.isfinite(best):
+        return False
+    first_mean, first_standard_error = first_window
+    return best - first_mean <= 2 * first_standard_error
+
+
+def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None) -> list[str]:
+    """The run's last lines: what it trained, how well, where it saved, how to watch it play, and
+    which flags to try where a policy's score never rose above its first 100 games'."""
     lines = []
     for policy_id in range(cfg.num_policies):
         best = result.best_average_returns[policy_id]
@@ -3706,6 +3721,13 @@ def end_of_run_lines(cfg, result: TrainResult) -> list[str]:
         prefix = f"policy {policy_id}: " if cfg.num_policies > 1 else ""
         lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
                      f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
+        first = (first_windows or [None] * cfg.num_policies)[policy_id]
+        last = result.average_returns[policy_id] if result.games_averaged[policy_id] == 100 else float("-inf")
+        if did_not_learn(first, max(result.best_average_returns[policy_id], last)):
+            lines.append(f"{prefix}the 100-game average never rose above its first ({first[0]:.2f}); flags to try: "
+                         "a longer --train_for_env_steps, --exploration_loss_coeff 0.01 (sparse rewards), --gamma "
+                         "0.999 (long games), --learning_rate 0.0003 (docs/environments.md, \"When a run does not "
+                         "learn\")")
     lines.append(f"watch it play: python appo.py --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
                  f"--experiment {cfg.experiment} --save_video")
     return lines

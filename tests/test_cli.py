@@ -262,6 +262,23 @@ def test_a_gym_env_of_a_module_of_yours_trains_as_gym_module_id(tmp_path, monkey
     assert "cannot import 'no_such_module'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("env_id, learns", [("gym:MountainCar-v0", False), ("gym:CartPole-v1", True)])
+def test_a_run_whose_score_never_rose_above_its_first_100_games_ends_naming_flags_to_try(tmp_path, capsys, env_id,
+                                                                                          learns):
+    """MountainCar's reward is sparse: at its defaults and 25,000 steps the agent does what random play
+    does; CartPole's score rises from its first games on. Seeded serial runs: the same every time."""
+    flags = ["--env", env_id, "--serial_mode", "--seed", "1", "--train_for_env_steps", "25000",
+             "--report_every_sec", "0.2", "--train_dir", str(tmp_path)]
+    assert appo.main(flags) == 0
+    out = capsys.readouterr().out
+    hint = [line for line in out.splitlines() if "never rose above its first" in line]
+    assert bool(hint) != learns, out[-2000:]
+    if hint:
+        assert "--exploration_loss_coeff" in hint[0] and "When a run does not learn" in hint[0]
+    assert appo.did_not_learn((-200.0, 0.0), -200.0) and not appo.did_not_learn((-200.0, 1.0), -197.0)
+    assert not appo.did_not_learn(None, 10.0)  # never 100 games at a status line: nothing to say
+
+
 def test_a_run_shows_its_progress_against_the_budget_ends_with_a_summary_and_returns_its_figures(tmp_path, capsys):
     # train() in this process, as a hyperparameter search would call it (main() returns its exit code)
     result = appo.train(appo.parse_args(small_serial_run(tmp_path, "--report_every_sec", "0.5", "--seed", "1")))

@@ -1,0 +1,88 @@
+"""Random play's score on any env appo.py trains: the floor a learning curve is read against.
+
+    python scripts/tools/random_play.py gym:Acrobot-v1 --episodes 300
+    python scripts/tools/random_play.py pz:mpe2.simple_spread_v3:parallel_env --json docs/bench/pettingzoo/random.json
+
+Each agent takes uniformly random actions (among the allowed ones where the observation carries an
+`action_mask`) in envs made by env.py's create_env with the env family's defaults, so the score is
+the one appo.py reports: the true_return of each finished game, per agent, averaged over
+--episodes games (seeded: env i is reset with seed --seed + i, actions drawn from --seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import env as envs  # noqa: E402
+
+ACTION_MASK = "action_mask"
+
+
+def random_action(space, obs, rng: np.random.Generator):
+    """A uniform random action of `space`; a discrete one among those the obs's mask allows."""
+    if isinstance(obs, dict) and ACTION_MASK in obs and hasattr(space, "n"):
+        allowed = np.flatnonzero(np.asarray(obs[ACTION_MASK]).reshape(-1)[:space.n] > 0)
+        return int(space.start + rng.choice(allowed))
+    return space.sample()
+
+
+def play(env_name: str, episodes: int, seed: int) -> list[float]:
+    """The true_return of `episodes` finished games (each agent's game counts once)."""
+    env = envs.create_env(env_name, None, env_index=0)
+    env.action_space.seed(seed)
+    rng = np.random.default_rng(seed)
+    num_agents = envs.get_num_agents(env)
+    returns: list[float] = []
+    resets = 0
+    obs, _ = env.reset(seed=seed)
+    while len(returns) < episodes:
+        if num_agents == 1:
+            obs, _, terminated, truncated, info = env.step(random_action(env.action_space, obs, rng))
+            infos, done = [info], terminated or truncated
+        else:
+            actions = [random_action(env.action_space, agent_obs, rng) for agent_obs in obs]
+            obs, _, terminated, truncated, infos = env.step(actions)
+            done = all(t or u for t, u in zip(terminated, truncated))
+        returns += [info["true_return"] for info in infos if "true_return" in info]
+        if done:
+            resets += 1
+            obs, _ = env.reset(seed=seed + resets)
+    env.close()
+    return returns[:episodes]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("env", help="any name appo.py's --env takes")
+    parser.add_argument("--episodes", type=int, default=300, help="finished games to average")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the result to this file")
+    args = parser.parse_args(argv)
+    problem = envs.env_error(args.env)
+    if problem:
+        parser.error(f"env: {problem}")
+    started = time.time()
+    returns = play(args.env, args.episodes, args.seed)
+    result = {"env": args.env, "episodes": len(returns), "seed": args.seed,
+              "mean_return": statistics.fmean(returns), "stdev_return": statistics.pstdev(returns),
+              "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+              "date": time.strftime("%Y-%m-%d", time.gmtime(started)), "seconds": round(time.time() - started, 1)}
+    print(f"{args.env}: random play, {result['episodes']} games: {result['mean_return']:.2f} "
+          f"(stdev {result['stdev_return']:.2f})")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
