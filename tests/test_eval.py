@@ -109,6 +109,11 @@ def test_eval_plays_with_the_env_flags_the_checkpoint_was_trained_with(tmp_path,
     assert {flag: getattr(cfg, flag) for flag in played_with} != played_with  # the command line's defaults
     appo.load_policy_for_eval(cfg)
     assert {flag: getattr(cfg, flag) for flag in played_with} == played_with
+    if env_name == "gym:CartPole-v1":  # and the games played are the trained env's: Sutton and Barto's reward
+        # is 0 a step and -1 when the pole falls, where the default pays 1 a step (an untrained game lasts 8+)
+        played = run_eval(tmp_path, "--env", env_name, "--max_num_episodes", "2")
+        assert played.returncode == 0, played.stderr[-2000:]
+        assert re.findall(r"^game \d: return (\S+),", played.stdout, re.MULTILINE) == ["-1.00", "-1.00"], played.stdout
 
 
 def test_eval_errors_name_the_fix(tmp_path):
