@@ -58,6 +58,16 @@ class MaskedAndLeaving(ParallelEnv):
         self.agents = [agent for agent in self.agents if not terminations[agent]]
         return self.observe(), rewards, terminations, truncations, infos
 
+    def render(self):
+        """A 48x64 picture of the masks: a row per agent, its two allowed actions lit."""
+        if self.render_mode != "rgb_array":
+            return None
+        picture = np.zeros((48, 64, 3), np.uint8)
+        for row, agent in enumerate(self.possible_agents):
+            for action in np.flatnonzero(self.masks.get(agent, np.zeros(5))):
+                picture[16 * row:16 * row + 12, 12 * action:12 * action + 10] = 255
+        return picture
+
 
 class UnequalSpaces(MaskedAndLeaving):
     """Agent "c" sees one more value than the others: one policy cannot serve them all."""

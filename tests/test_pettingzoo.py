@@ -14,6 +14,7 @@ pytest.importorskip("pettingzoo", reason="pip install -e .[pettingzoo]")
 
 import appo  # noqa: E402
 import env as envs  # noqa: E402
+import pz_envs  # noqa: E402
 from conftest import processes_still_tagged  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -89,9 +90,16 @@ def test_masked_actions_and_an_agent_that_left_never_reach_the_env_in_training_o
                       "--num_batches_per_epoch", "3", *SHORT_RUN)
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "failed (" not in output, output[-3000:]
-    played = run_appo(tmp_path, MASKED_AND_LEAVING, "--experiment", "e", "--mode", "eval", "--max_num_episodes", "3")
+    played = run_appo(tmp_path, MASKED_AND_LEAVING, "--experiment", "e", "--mode", "eval", "--max_num_episodes", "3",
+                      "--save_video")
     assert played.returncode == 0, (played.stdout + played.stderr)[-3000:]
     assert re.search(r"agent 2 mean return [\d.]+ \+- [\d.]+ over 3 games", played.stdout), played.stdout
+    # the video, as for any env: one picture a step, at the env's own render_fps
+    video = re.search(r"video: (\d+) frames of 64x48 at 10 fps in (\S+)", played.stdout)
+    assert video and int(video.group(1)) == 3 * pz_envs.GAME_STEPS, played.stdout
+    import imageio
+    with imageio.get_reader(video.group(2), format="FFMPEG") as reader:
+        assert sum(1 for _ in reader) == 3 * pz_envs.GAME_STEPS
 
 
 def test_the_rollout_worker_keeps_the_steps_of_an_agent_that_left_out_of_the_loss():
