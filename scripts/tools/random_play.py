@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -71,7 +72,9 @@ def main(argv=None):
         parser.error(f"env: {problem}")
     started = time.time()
     returns = play(args.env, args.episodes, args.seed)
-    result = {"env": args.env, "episodes": len(returns), "seed": args.seed,
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    result = {"env": args.env, "episodes": len(returns), "seed": args.seed, "commit": commit or "unknown",
               "mean_return": statistics.fmean(returns), "stdev_return": statistics.pstdev(returns),
               "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
               "date": time.strftime("%Y-%m-%d", time.gmtime(started)), "seconds": round(time.time() - started, 1)}
