@@ -177,7 +177,7 @@ def targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
     steps, batch_size = learner_values.shape[0] - 1, learner_values.shape[1]
     logits = torch.zeros(steps + 1, batch_size, 2, requires_grad=True)
     values = learner_values.clone().requires_grad_(True)
-    monkeypatch.setattr(model, "forward_rollout", lambda obs, rnn_state, dones: (logits, values))
+    monkeypatch.setattr(model, "forward_rollout", lambda obs, rnn_state, dones, dones_host=None: (logits, values))
     if not cfg.with_vtrace:  # GAE's bootstrap V(x_T) is one forward step of the weights about to train
         def last_step(obs, rnn_state):
             assert torch.equal(rnn_state, batch["rnn_state"][-1])  # the state acting left at step T
@@ -444,6 +444,47 @@ def test_rnn_over_a_rollout_equals_stepping_it_with_episode_boundaries(rnn_type)
         torch.testing.assert_close(step_values, values[t])
         state = state * (1 - dones[t]).unsqueeze(1)  # what the rollout worker does on done
     assert logits.shape == (steps, batch, 7) and values.shape == (steps, batch)
+
+
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
+def test_the_rnn_over_episode_segments_equals_the_loop_in_outputs_and_gradients(rnn_type):
+    """forward_rollout's two paths: one nn.GRU/nn.LSTM call over the rollout cut at episode ends,
+    planned from a host copy of the dones (the learner's on a GPU), and the loop of core_step (the
+    CPU's). Both also equal stepping forward() with the rollout worker's reset, so a reset dropped
+    from either path, or from both, fails."""
+    torch.manual_seed(2)
+    cfg = small_cfg(rnn_type=rnn_type)
+    obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (5,), np.float32)})
+    model = appo.ActorCritic(obs_space, TWO_HEADS, cfg)
+    steps, batch = 7, 5
+    obs = random_obs(obs_space, (steps, batch), seed=3)
+    dones = torch.zeros(steps, batch)
+    dones[1, 0] = dones[2, 0] = dones[6, 0] = 1.0  # two in a row, and one at the last step
+    # trajectory 1 has none; 2 ends its first episode at once; 3 only at the last step
+    dones[0, 2] = dones[4, 2] = dones[6, 3] = dones[5, 4] = 1.0
+    plan = appo.rnn_segments(dones.numpy())
+    assert plan.num_segments == batch + 5 and plan.max_len == steps
+    first_state = torch.randn(batch, appo.rnn_state_size(cfg))
+    logit_weights, value_weights = torch.randn(steps, batch, 7), torch.randn(steps, batch)
+    outputs, gradients = {}, {}
+    for path, dones_host in (("loop", None), ("segments", dones.numpy())):
+        state = first_state.clone().requires_grad_(True)
+        logits, values = model.forward_rollout(obs, state, dones, dones_host=dones_host)
+        objective = (logits * logit_weights).sum() + (values * value_weights).sum()
+        outputs[path] = (logits.detach(), values.detach())
+        gradients[path] = torch.autograd.grad(objective, [state, *model.parameters()])
+    for ours, loops in zip(outputs["segments"], outputs["loop"]):
+        torch.testing.assert_close(ours, loops, rtol=1e-5, atol=1e-5)
+    names = ["first_rnn_state", *(name for name, _ in model.named_parameters())]
+    for name, ours, loops in zip(names, gradients["segments"], gradients["loop"], strict=True):
+        torch.testing.assert_close(ours, loops, rtol=1e-5, atol=1e-5, msg=name)
+    state = first_state
+    with torch.no_grad():
+        for t in range(steps):
+            step_logits, step_values, state = model({key: value[t] for key, value in obs.items()}, state)
+            torch.testing.assert_close(outputs["segments"][0][t], step_logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(outputs["segments"][1][t], step_values, rtol=1e-5, atol=1e-5)
+            state = state * (1 - dones[t]).unsqueeze(1)
 
 
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
