@@ -2733,11 +2733,16 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
 class BatchBuffers:
     """One batch's trajectory-major [trajectories, steps, ...] buffers for every field of the slots
     (two steps of "rnn_state": the first and the last). On a GPU: pinned host buffers, device
-    buffers, and the event that marks the copies between them done."""
+    buffers, and the event that marks the copies between them done.
+
+    Where host reads stall (a GPU), the batch also carries "done_host": the dones [T+1, B] as a
+    numpy array of its own (the pinned buffers are reused), from which forward_rollout plans its
+    segments without reading the device."""
 
     def __init__(self, slot_tensors: dict[str, torch.Tensor], trajectories: int, device: torch.device):
         on_gpu = device.type == "cuda"
         self.host, self.device, self.copied = {}, {} if on_gpu else None, None
+        self.dones_on_host = host_reads_stall(device)
         for name, tensor in slot_tensors.items():
             shape = (trajectories, 2 if name == "rnn_state" else tensor.shape[1], *tensor.shape[2:])
             self.host[name] = torch.empty(shape, dtype=tensor.dtype, pin_memory=on_gpu)
@@ -2758,7 +2763,10 @@ class BatchBuffers:
             batch = {name: self.device[name].copy_(value, non_blocking=True) for name, value in batch.items()}
             self.copied = torch.cuda.Event()
             self.copied.record()
-        return {name: value.transpose(0, 1) for name, value in batch.items()}
+        batch = {name: value.transpose(0, 1) for name, value in batch.items()}
+        if self.dones_on_host:
+            batch["done_host"] = self.host["done"].numpy().T.copy()
+        return batch
 
 
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
@@ -2783,6 +2791,10 @@ class Learner:
                                           fused=True if host_reads_stall(self.device) else None)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
+            if hasattr(torch.backends.cudnn, "rnn"):  # torch >= 2.9
+                # the segment path's cuDNN RNN in full float32 (its default is TF32), as the policy workers'
+                # cell computes; the convolutions keep theirs (so torch.backends.cudnn.allow_tf32 now raises)
+                torch.backends.cudnn.rnn.fp32_precision = "ieee"
         self.policy_version, self.env_frames = 0, 0
         checkpoint = load_latest_checkpoint(cfg, policy_id, quiet=True)  # the runner has warned already
         if checkpoint is not None:

@@ -751,6 +751,15 @@ def record_host_reads(monkeypatch) -> list[str]:
     return reads
 
 
+def as_take_batch_hands_it_over(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
+    """A batch [T+1, B, ...] through BatchBuffers, from slot-shaped trajectory-major copies, as
+    Learner.take_batch hands it to train_step (with "done_host" where host reads stall)."""
+    slot_tensors = {name: value.transpose(0, 1).contiguous() for name, value in batch.items()}
+    trajectories = batch["done"].shape[1]
+    buffers = appo.BatchBuffers(slot_tensors, trajectories, device)
+    return buffers.fill(slot_tensors, torch.arange(trajectories))
+
+
 def learner_with_weights(cfg) -> appo.Learner:
     weights = appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))
     run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
@@ -763,13 +772,20 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     """gpu-analysis: a learner step on the H200 waited for the GPU about 20 times (statistics'
     .item(), the finite check, the return normaliser's boolean index, publish). Where reads stall
     (a GPU: here forced on the CPU, whose fused Adam takes the same found_inf), a step of four SGD
-    steps reads once, to publish; a step whose report is due reads its statistics once more."""
+    steps reads once, to publish; a step whose report is due reads its statistics once more. Its
+    RNN runs over episode segments planned from the batch's host copy of the dones (the cell steps
+    only for GAE's bootstrap)."""
     monkeypatch.setattr(appo, "host_reads_stall", lambda device: True)
     cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=with_vtrace, num_epochs=2, num_batches_per_epoch=2,
                     normalize_returns=True, normalize_input=True)
     learner = learner_with_weights(cfg)
     assert learner.optimizer.defaults["fused"]
-    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    trajectories = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    trajectories["done"][2, 1] = trajectories["done"][3, 3] = 1.0
+    batch = as_take_batch_hands_it_over(trajectories, learner.device)
+    assert np.array_equal(batch["done_host"], trajectories["done"].numpy())
+    cell_steps, core_step = [], learner.model.core_step
+    monkeypatch.setattr(learner.model, "core_step", lambda *args: cell_steps.append(1) or core_step(*args))
     reads = record_host_reads(monkeypatch)
     assert learner.train_step(batch, report=False) == {}
     assert reads == ["publish"]
@@ -777,6 +793,7 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     stats = learner.train_step(batch, report=True)
     assert reads == ["tolist", "publish"]
     assert isinstance(stats["loss"], float) and stats["skipped_steps"] == 0 and learner.policy_version == 2
+    assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
 
 
 @pytest.mark.parametrize("reads_stall", [True, False])
