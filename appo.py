@@ -976,8 +976,9 @@ class ActorCritic(nn.Module):
 
     The contract: what the rest of the file calls on the model, which a replacement must keep.
     - forward(obs, rnn_state) -> (logits, values, next_rnn_state): one step of N envs (policy
-      workers, evaluation); forward_rollout(obs, first_rnn_state, dones) -> (logits, values) over
-      [T+1, B] trajectories (the loss). A test checks that the two agree.
+      workers, evaluation); forward_rollout(obs, first_rnn_state, dones, dones_host=None) ->
+      (logits, values) over [T+1, B] trajectories (the loss; dones_host, a host copy of the dones,
+      may be ignored). Tests check that the two agree.
     - encoders: keyed by observation name; its keys are the observations that the policy workers
       and the learner read from the slots (obs_shapes gives the same keys from the space). The
       action mask's entry is an nn.Identity that encode() skips: it is read, not encoded.
@@ -1031,6 +1032,13 @@ class ActorCritic(nn.Module):
             self.core = nn.GRUCell(cfg.hidden_size, cfg.hidden_size)
         elif cfg.rnn_type == "lstm":
             self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
+        if cfg.rnn_type != "none":
+            # forward_rollout's segment path runs the cell's own weights through this (functional_call);
+            # set past nn.Module's registration so the cell's stay the only parameters (and state_dict keys).
+            # On a GPU its first call repacks the cell's weights in place into one cuDNN buffer
+            # (flatten_parameters): the same values and keys, and no repacking at later calls
+            rnn = nn.GRU if cfg.rnn_type == "gru" else nn.LSTM
+            object.__setattr__(self, "segment_rnn", rnn(cfg.hidden_size, cfg.hidden_size, device="meta"))
         self.policy_head = nn.Linear(cfg.hidden_size, self.action_dist.num_outputs)
         if self.action_dist.num_log_stds:
             self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.num_log_stds))  # std 1 at the start
@@ -1152,23 +1160,94 @@ class ActorCritic(nn.Module):
         return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1), next_state
 
     def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor,
-                        dones: torch.Tensor):
+                        dones: torch.Tensor, dones_host: np.ndarray | None = None):
         """A whole rollout: obs [T, B, ...], dones [T, B] -> logits [T, B, A], values [T, B].
 
         The RNN state is reset after every step whose episode ended (done), exactly as the
         rollout worker does when it acts, so training sees the same states as acting did.
+
+        Two paths to the same numbers. Given `dones_host` (the dones [T, B] as a host array: the
+        learner's batches carry one where host reads stall, see BatchBuffers), the RNN runs over
+        the rollout cut into episode segments in one nn.GRU/nn.LSTM call (cuDNN on a GPU: a few
+        kernels instead of a dozen per step), planned from that array so nothing is read from the
+        device. Otherwise it loops over the steps with core_step. The CPU keeps the loop: the
+        seeded serial runs pin its numerics (scripts/same_training.py), and one fused call sums in
+        another order.
         """
         steps, batch = dones.shape
         features = self.encode({key: trajectory_major(value) for key, value in obs.items()})
-        core_inputs = self.core_inputs(features).view(batch, steps, -1).transpose(0, 1)
-        rnn_state, core_outs = first_rnn_state, []
-        for t in range(steps):
-            if t > 0:
-                rnn_state = rnn_state * (1.0 - dones[t - 1]).unsqueeze(1)
-            core_out, rnn_state = self.core_step(core_inputs[t], rnn_state)
-            core_outs.append(core_out)
-        core_out = torch.stack(core_outs)
+        if dones_host is not None and self.rnn_type != "none":
+            core_out = self.core_over_segments(features, first_rnn_state, dones_host)
+        else:
+            core_inputs = self.core_inputs(features).view(batch, steps, -1).transpose(0, 1)
+            rnn_state, core_outs = first_rnn_state, []
+            for t in range(steps):
+                if t > 0:
+                    rnn_state = rnn_state * (1.0 - dones[t - 1]).unsqueeze(1)
+                core_out, rnn_state = self.core_step(core_inputs[t], rnn_state)
+                core_outs.append(core_out)
+            core_out = torch.stack(core_outs)
         return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1)
+
+    def core_over_segments(self, features: torch.Tensor, first_rnn_state: torch.Tensor,
+                           dones_host: np.ndarray) -> torch.Tensor:
+        """forward_rollout's segment path: trajectory-major features [B * T, hidden] -> the RNN's
+        outputs [T, B, hidden]. Each trajectory's first segment starts from its saved state, every
+        later one (after a done) from zeros, as the loop's reset does; the segments run padded,
+        time first, in one call on the cell's weights."""
+        steps, batch = dones_host.shape
+        plan = rnn_segments(dones_host)
+        index = torch.from_numpy(plan.index)
+        if features.device.type == "cuda":  # from pinned memory: a pageable copy would wait for the stream
+            index = index.pin_memory().to(features.device, non_blocking=True)
+        gather, scatter = index.split([plan.max_len * plan.num_segments, steps * batch])
+        inputs = features.index_select(0, gather).view(plan.max_len, plan.num_segments, -1)
+
+        def initial(state):  # [1, segments, hidden]: the saved states, then zeros
+            return torch.cat([state, state.new_zeros(plan.num_segments - batch, state.shape[1])]).unsqueeze(0)
+
+        if self.rnn_type == "gru":
+            hx = initial(first_rnn_state)
+        else:
+            hx = tuple(initial(half) for half in first_rnn_state.chunk(2, dim=1))  # [hidden, cell], as core_step
+        weights = {f"{name}_l0": getattr(self.core, name)
+                   for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+        outputs, _ = torch.func.functional_call(self.segment_rnn, weights, (inputs, hx))
+        return outputs.reshape(-1, outputs.shape[-1]).index_select(0, scatter).view(steps, batch, -1)
+
+
+class SegmentPlan(typing.NamedTuple):
+    """rnn_segments' answer. `index`: the gather index [max_len * num_segments] (step i of segment s
+    at i * num_segments + s reads trajectory-major row b * T + t; padding reads row 0 and is
+    discarded), then the scatter index [T * B] (where step t of trajectory b, in [T, B] order,
+    finds its output among the padded ones)."""
+    index: np.ndarray
+    max_len: int
+    num_segments: int
+
+
+def rnn_segments(dones: np.ndarray) -> SegmentPlan:
+    """Cuts trajectories [T, B] into episode segments, on the host: one starts at t = 0 and at every
+    t whose dones[t - 1] is set. Segments 0..B-1 are the trajectories' first (in trajectory order),
+    the later ones follow."""
+    steps, batch = dones.shape
+    starts = np.ones((batch, steps), dtype=bool)
+    starts[:, 1:] = dones.T[:, :-1] > 0
+    starts = starts.ravel()  # trajectory-major rows; every trajectory's row 0 starts one
+    start_rows = np.flatnonzero(starts)
+    segment_of_row = np.cumsum(starts) - 1  # in row order
+    first = start_rows % steps == 0
+    order = np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    lengths = np.diff(start_rows, append=steps * batch)[order]
+    num_segments, max_len = len(order), int(lengths.max())
+    offsets = np.arange(max_len)[:, None]
+    gather = np.where(offsets < lengths, start_rows[order] + offsets, 0)
+    rows = np.arange(steps * batch)
+    position = (rows - start_rows[segment_of_row]) * num_segments + rank[segment_of_row]
+    scatter = position.reshape(batch, steps).T
+    return SegmentPlan(np.concatenate([gather.ravel(), scatter.ravel()]).astype(np.int64), max_len, num_segments)
 
 
 def trajectory_major(steps: torch.Tensor) -> torch.Tensor:
@@ -1339,7 +1418,7 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
                        "add them first with batch.update(gae_targets(model, batch, policy_version, cfg))")
     action_dist = model.action_dist
     logits, values = model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
-                                           batch["done"])
+                                           batch["done"], dones_host=batch.get("done_host"))
     steps, bootstrap_value, logits, values = steps_of(batch), values[-1], logits[:-1], values[:-1]
     log_probs = action_dist.log_prob(logits, steps["actions"])
     behaviour_log_probs = steps["log_prob"]
@@ -2654,11 +2733,16 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
 class BatchBuffers:
     """One batch's trajectory-major [trajectories, steps, ...] buffers for every field of the slots
     (two steps of "rnn_state": the first and the last). On a GPU: pinned host buffers, device
-    buffers, and the event that marks the copies between them done."""
+    buffers, and the event that marks the copies between them done.
+
+    Where host reads stall (a GPU), the batch also carries "done_host": the dones [T+1, B] as a
+    numpy array of its own (the pinned buffers are reused), from which forward_rollout plans its
+    segments without reading the device."""
 
     def __init__(self, slot_tensors: dict[str, torch.Tensor], trajectories: int, device: torch.device):
         on_gpu = device.type == "cuda"
         self.host, self.device, self.copied = {}, {} if on_gpu else None, None
+        self.dones_on_host = host_reads_stall(device)
         for name, tensor in slot_tensors.items():
             shape = (trajectories, 2 if name == "rnn_state" else tensor.shape[1], *tensor.shape[2:])
             self.host[name] = torch.empty(shape, dtype=tensor.dtype, pin_memory=on_gpu)
@@ -2679,7 +2763,10 @@ class BatchBuffers:
             batch = {name: self.device[name].copy_(value, non_blocking=True) for name, value in batch.items()}
             self.copied = torch.cuda.Event()
             self.copied.record()
-        return {name: value.transpose(0, 1) for name, value in batch.items()}
+        batch = {name: value.transpose(0, 1) for name, value in batch.items()}
+        if self.dones_on_host:
+            batch["done_host"] = self.host["done"].numpy().T.copy()
+        return batch
 
 
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
@@ -2704,6 +2791,10 @@ class Learner:
                                           fused=True if host_reads_stall(self.device) else None)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
+            if hasattr(torch.backends.cudnn, "rnn"):  # torch >= 2.9
+                # the segment path's cuDNN RNN in full float32 (its default is TF32), as the policy workers'
+                # cell computes; the convolutions keep theirs (so torch.backends.cudnn.allow_tf32 now raises)
+                torch.backends.cudnn.rnn.fp32_precision = "ieee"
         self.policy_version, self.env_frames = 0, 0
         checkpoint = load_latest_checkpoint(cfg, policy_id, quiet=True)  # the runner has warned already
         if checkpoint is not None:

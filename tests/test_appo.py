@@ -177,7 +177,7 @@ def targets_and_advantages_of_appo_loss(cfg, batch, learner_values, monkeypatch)
     steps, batch_size = learner_values.shape[0] - 1, learner_values.shape[1]
     logits = torch.zeros(steps + 1, batch_size, 2, requires_grad=True)
     values = learner_values.clone().requires_grad_(True)
-    monkeypatch.setattr(model, "forward_rollout", lambda obs, rnn_state, dones: (logits, values))
+    monkeypatch.setattr(model, "forward_rollout", lambda obs, rnn_state, dones, dones_host=None: (logits, values))
     if not cfg.with_vtrace:  # GAE's bootstrap V(x_T) is one forward step of the weights about to train
         def last_step(obs, rnn_state):
             assert torch.equal(rnn_state, batch["rnn_state"][-1])  # the state acting left at step T
@@ -447,6 +447,47 @@ def test_rnn_over_a_rollout_equals_stepping_it_with_episode_boundaries(rnn_type)
 
 
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
+def test_the_rnn_over_episode_segments_equals_the_loop_in_outputs_and_gradients(rnn_type):
+    """forward_rollout's two paths: one nn.GRU/nn.LSTM call over the rollout cut at episode ends,
+    planned from a host copy of the dones (the learner's on a GPU), and the loop of core_step (the
+    CPU's). Both also equal stepping forward() with the rollout worker's reset, so a reset dropped
+    from either path, or from both, fails."""
+    torch.manual_seed(2)
+    cfg = small_cfg(rnn_type=rnn_type)
+    obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (5,), np.float32)})
+    model = appo.ActorCritic(obs_space, TWO_HEADS, cfg)
+    steps, batch = 7, 5
+    obs = random_obs(obs_space, (steps, batch), seed=3)
+    dones = torch.zeros(steps, batch)
+    dones[1, 0] = dones[2, 0] = dones[6, 0] = 1.0  # two in a row, and one at the last step
+    # trajectory 1 has none; 2 ends its first episode at once; 3 only at the last step
+    dones[0, 2] = dones[4, 2] = dones[6, 3] = dones[5, 4] = 1.0
+    plan = appo.rnn_segments(dones.numpy())
+    assert plan.num_segments == batch + 5 and plan.max_len == steps
+    first_state = torch.randn(batch, appo.rnn_state_size(cfg))
+    logit_weights, value_weights = torch.randn(steps, batch, 7), torch.randn(steps, batch)
+    outputs, gradients = {}, {}
+    for path, dones_host in (("loop", None), ("segments", dones.numpy())):
+        state = first_state.clone().requires_grad_(True)
+        logits, values = model.forward_rollout(obs, state, dones, dones_host=dones_host)
+        objective = (logits * logit_weights).sum() + (values * value_weights).sum()
+        outputs[path] = (logits.detach(), values.detach())
+        gradients[path] = torch.autograd.grad(objective, [state, *model.parameters()])
+    for ours, loops in zip(outputs["segments"], outputs["loop"]):
+        torch.testing.assert_close(ours, loops, rtol=1e-5, atol=1e-5)
+    names = ["first_rnn_state", *(name for name, _ in model.named_parameters())]
+    for name, ours, loops in zip(names, gradients["segments"], gradients["loop"], strict=True):
+        torch.testing.assert_close(ours, loops, rtol=1e-5, atol=1e-5, msg=name)
+    state = first_state
+    with torch.no_grad():
+        for t in range(steps):
+            step_logits, step_values, state = model({key: value[t] for key, value in obs.items()}, state)
+            torch.testing.assert_close(outputs["segments"][0][t], step_logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(outputs["segments"][1][t], step_values, rtol=1e-5, atol=1e-5)
+            state = state * (1 - dones[t]).unsqueeze(1)
+
+
+@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
 def test_the_written_out_rnn_cells_equal_torchs_cells_in_values_and_gradients(rnn_type):
     torch.manual_seed(4)
     cfg = small_cfg(rnn_type=rnn_type)
@@ -710,6 +751,15 @@ def record_host_reads(monkeypatch) -> list[str]:
     return reads
 
 
+def as_take_batch_hands_it_over(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
+    """A batch [T+1, B, ...] through BatchBuffers, from slot-shaped trajectory-major copies, as
+    Learner.take_batch hands it to train_step (with "done_host" where host reads stall)."""
+    slot_tensors = {name: value.transpose(0, 1).contiguous() for name, value in batch.items()}
+    trajectories = batch["done"].shape[1]
+    buffers = appo.BatchBuffers(slot_tensors, trajectories, device)
+    return buffers.fill(slot_tensors, torch.arange(trajectories))
+
+
 def learner_with_weights(cfg) -> appo.Learner:
     weights = appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))
     run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
@@ -722,13 +772,20 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     """gpu-analysis: a learner step on the H200 waited for the GPU about 20 times (statistics'
     .item(), the finite check, the return normaliser's boolean index, publish). Where reads stall
     (a GPU: here forced on the CPU, whose fused Adam takes the same found_inf), a step of four SGD
-    steps reads once, to publish; a step whose report is due reads its statistics once more."""
+    steps reads once, to publish; a step whose report is due reads its statistics once more. Its
+    RNN runs over episode segments planned from the batch's host copy of the dones (the cell steps
+    only for GAE's bootstrap)."""
     monkeypatch.setattr(appo, "host_reads_stall", lambda device: True)
     cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=with_vtrace, num_epochs=2, num_batches_per_epoch=2,
                     normalize_returns=True, normalize_input=True)
     learner = learner_with_weights(cfg)
     assert learner.optimizer.defaults["fused"]
-    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    trajectories = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    trajectories["done"][2, 1] = trajectories["done"][3, 3] = 1.0
+    batch = as_take_batch_hands_it_over(trajectories, learner.device)
+    assert np.array_equal(batch["done_host"], trajectories["done"].numpy())
+    cell_steps, core_step = [], learner.model.core_step
+    monkeypatch.setattr(learner.model, "core_step", lambda *args: cell_steps.append(1) or core_step(*args))
     reads = record_host_reads(monkeypatch)
     assert learner.train_step(batch, report=False) == {}
     assert reads == ["publish"]
@@ -736,6 +793,7 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     stats = learner.train_step(batch, report=True)
     assert reads == ["tolist", "publish"]
     assert isinstance(stats["loss"], float) and stats["skipped_steps"] == 0 and learner.policy_version == 2
+    assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
 
 
 @pytest.mark.parametrize("reads_stall", [True, False])

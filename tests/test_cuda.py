@@ -194,6 +194,9 @@ def test_pinned_non_blocking_batches_arrive_intact_though_the_slots_are_reused_a
         for tensor in slots.tensors.values():  # the rollout workers refill the freed slots at once
             tensor.zero_()
         synchronize()
+        done_host = batch.pop("done_host", None)  # forward_rollout's segment plan reads this host copy
+        if appo.host_reads_stall(CUDA):
+            assert isinstance(done_host, np.ndarray) and np.array_equal(done_host, expected["done"].numpy())
         for name, value in batch.items():
             assert value.device.type == CUDA.type and value.shape == expected[name].shape, name
             assert torch.equal(value.cpu(), expected[name]), f"round {round_}: {name} differs"
@@ -228,6 +231,54 @@ def test_a_learner_step_on_the_gpu_trains_on_a_batch_from_the_slots(tmp_path):
     assert weights.load_into(policy_model) == 1  # the published weights are the trained ones
     for key, value in learner.model.state_dict().items():
         assert torch.equal(policy_model.state_dict()[key], value), key
+
+
+def learner_on_slots(cfg, slots) -> appo.Learner:
+    weights = appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg), device=CUDA)
+    run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
+    shared = types.SimpleNamespace(slots=slots, weights=[weights], run=run,
+                                   hyperparams=appo.PolicyHyperparams(cfg, None))
+    return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+
+
+@pytest.mark.parametrize("rnn_type, with_vtrace", [("gru", True), ("lstm", False)])
+def test_a_learner_step_on_the_gpu_runs_the_rnn_over_episode_segments_and_its_loss_is_the_loops(
+        tmp_path, monkeypatch, rnn_type, with_vtrace):
+    """On a GPU a learner's batch carries a host copy of the dones, and its step runs the RNN over
+    the episode segments in one cuDNN call instead of a loop of cell steps; from the same weights,
+    batch and seed, its loss is the loop's within cuDNN's float32 rounding."""
+    if ON_CPU:  # the dry run: the CPU stands in for the GPU, whose reads stall
+        monkeypatch.setattr(appo, "host_reads_stall", lambda device: True)
+    cfg = gpu_cfg(tmp_path, rnn_type=rnn_type, with_vtrace=with_vtrace, num_epochs=1, num_batches_per_epoch=1)
+    specs = appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    slots_per_batch = cfg.batch_size // cfg.rollout
+    slots = appo.RolloutSlots(specs, num_slots=slots_per_batch, rollout=cfg.rollout, num_workers=1, num_splits=1)
+    generator = torch.Generator().manual_seed(7)
+    slots.tensors["obs"].copy_(torch.randint(0, 256, slots.tensors["obs"].shape, dtype=torch.uint8,
+                                             generator=generator))
+    for name in ("measurements", "rnn_state", "reward"):
+        slots.tensors[name].copy_(torch.randn(slots.tensors[name].shape, generator=generator))
+    slots.tensors["done"].copy_((torch.rand(slots.tensors["done"].shape, generator=generator) < 0.2).float())
+    slots.tensors["actions"][..., 0].random_(0, 3, generator=generator)
+    slots.tensors["actions"][..., 1].random_(0, 4, generator=generator)
+    slots.tensors["log_prob"].fill_(-2.0)
+    slots.tensors["valid"].fill_(1.0)
+    segments, loop = learner_on_slots(cfg, slots), learner_on_slots(cfg, slots)
+    loop.model.load_state_dict(segments.model.state_dict())
+    batch = segments.take_batch([slots.control.acquire(0, timeout=1.0) for _ in range(slots_per_batch)])
+    assert "done_host" in batch
+    calls, stats = {}, {}
+    for name, learner, its_batch in (("segments", segments, batch),
+                                     ("loop", loop, {k: v for k, v in batch.items() if k != "done_host"})):
+        calls[name], core_step = [], learner.model.core_step
+        monkeypatch.setattr(learner.model, "core_step",
+                            lambda *args, seen=calls[name], step=core_step: seen.append(1) or step(*args))
+        torch.manual_seed(0)  # the input normaliser's sample
+        stats[name] = learner.train_step(its_batch, report=True)
+    assert len(calls["segments"]) == (0 if with_vtrace else 1)  # GAE's bootstrap is one step of the cell
+    assert len(calls["loop"]) > cfg.rollout
+    assert np.isfinite(stats["segments"]["loss"])
+    assert abs(stats["segments"]["loss"] - stats["loop"]["loss"]) <= 1e-4 * abs(stats["loop"]["loss"]), stats
 
 
 # ---------------------------------------------------------------------------------------------
