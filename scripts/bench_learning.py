@@ -80,10 +80,15 @@ HELD_OUT = {
 SF_SCENARIO_FILES = {"doom_health_gathering_supreme"}
 # gym: envs, appo.py alone (Sample Factory is not set up for them here), each with its family's
 # defaults; results in their own --results_dir, docs/bench/gym. Frames are env steps (frameskip 1).
+# Budgets are those of the published PPO figures they are read beside (docs/results/learning.md):
+# CleanRL's ppo.py (classic control, 500k steps) and ppo_continuous_action.py (MuJoCo, 1M steps).
 GYM = {
-    "gym:CartPole-v1": 200_000,
+    "gym:CartPole-v1": 500_000,
+    "gym:Acrobot-v1": 500_000,
     "gym:HalfCheetah-v5": 1_000_000,  # pip install -e .[mujoco]
     "gym:Hopper-v5": 1_000_000,
+    "gym:Walker2d-v5": 1_000_000,
+    "gym:InvertedPendulum-v5": 1_000_000,
 }
 AGAINST_SF = {**SUITE, **HELD_OUT}  # the envs both trainers run: the README's table
 BUDGETS = {**AGAINST_SF, **GYM}
