@@ -80,18 +80,28 @@ HELD_OUT = {
 SF_SCENARIO_FILES = {"doom_health_gathering_supreme"}
 # gym: envs, appo.py alone (Sample Factory is not set up for them here), each with its family's
 # defaults; results in their own --results_dir, docs/bench/gym. Frames are env steps (frameskip 1).
+# Budgets are those of the published PPO figures they are read beside (docs/results/learning.md):
+# CleanRL's ppo.py (classic control, 500k steps) and ppo_continuous_action.py (MuJoCo, 1M steps).
 GYM = {
-    "gym:CartPole-v1": 200_000,
+    "gym:CartPole-v1": 500_000,
+    "gym:Acrobot-v1": 500_000,
     "gym:HalfCheetah-v5": 1_000_000,  # pip install -e .[mujoco]
     "gym:Hopper-v5": 1_000_000,
+    "gym:Walker2d-v5": 1_000_000,
+    "gym:InvertedPendulum-v5": 1_000_000,
+}
+# pz: envs, appo.py alone, at the pz: family's defaults (results in docs/bench/pettingzoo): a frame
+# is one agent's step, so mpe2's simple_spread (3 agents, 25-step games) plays 1M / 75 games a seed.
+PZ = {
+    "pz:mpe2.simple_spread_v3:parallel_env": 1_000_000,  # pip install mpe2
 }
 AGAINST_SF = {**SUITE, **HELD_OUT}  # the envs both trainers run: the README's table
-BUDGETS = {**AGAINST_SF, **GYM}
+BUDGETS = {**AGAINST_SF, **GYM, **PZ}
 # (appo.py, Sample Factory) seeds per env. Atari's were (2, 1), the issue's minimum, until a third
 # appo.py seed moved both games' medians by more than the gap being measured; then (3, 2), (5, 2)
 # since seeds 4 and 5 moved breakout's median again, and (5, 3) since a third Sample Factory seed
 # on space_invaders scored below three of appo.py's five (docs/results/learning.md, the Atari table).
-SEEDS = {"doom": (3, 2), "atari": (5, 3), "gym": (3, 0)}
+SEEDS = {"doom": (3, 2), "atari": (5, 3), "gym": (3, 0), "pz": (3, 0)}
 # The system configuration both trainers share. The rollout is each family's in Sample Factory's
 # published configuration (its cfg.py default 32; atari_params.py 128). Atari runs 8 envs, as
 # atari_params.py does (8 workers x 1 env): its defaults train synchronously (async_rl False), which
@@ -101,6 +111,7 @@ SYSTEM = {
     "doom": {"num_workers": 2, "num_envs_per_worker": 8, "worker_num_splits": 2, "rollout": 32},
     "atari": {"num_workers": 2, "num_envs_per_worker": 4, "worker_num_splits": 2, "rollout": 128},
     "gym": {},  # appo.py alone: the gym: family's own defaults
+    "pz": {},  # appo.py alone: the pz: family's own defaults
 }
 # Sample Factory's launchers (scripts/setup_sample_factory.sh installs the two sf_train_* modules).
 SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
@@ -154,7 +165,9 @@ SHM_PREFIXES = ("ViZDoom", "sem.mp-", "torch_")
 
 
 def family(env_name: str) -> str:
-    return "gym" if env_name.startswith("gym:") else env_name.split("_")[0]
+    if env_name.startswith(("gym:", "pz:")):
+        return env_name.split(":")[0]
+    return env_name.split("_")[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -778,11 +791,11 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.envs = [name for name in args.envs.split(",") if name]
     args.trainers = [name for name in args.trainers.split(",") if name]
-    problems = [f"--envs: {name} is not a doom_*, atari_* or gym: env" for name in args.envs
+    problems = [f"--envs: {name} is not a doom_*, atari_*, gym: or pz: env" for name in args.envs
                 if family(name) not in SYSTEM]
     problems += [f"--envs: {name} is run by appo.py alone: give --trainers appo" for name in args.envs
-                 if family(name) == "gym" and "sf" in args.trainers]
-    problems += [f"--envs: {name} has no frame budget in SUITE, HELD_OUT or GYM: give --frames" for name in args.envs
+                 if family(name) in ("gym", "pz") and "sf" in args.trainers]
+    problems += [f"--envs: {name} has no frame budget in SUITE, HELD_OUT, GYM or PZ: give --frames" for name in args.envs
                  if name not in BUDGETS and args.frames is None]
     problems += [f"--trainers: {name} is neither appo nor sf" for name in args.trainers if name not in ("appo", "sf")]
     if "sf" in args.trainers and not args.report_only and not (args.sf_python and os.path.isfile(args.sf_python)):

@@ -141,7 +141,7 @@ def test_the_report_shows_runs_of_earlier_code_and_says_so(monkeypatch, tmp_path
 def test_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--envs", "dmlab_30", "--trainers", "appo"])
-    assert "dmlab_30 is not a doom_*, atari_* or gym: env" in capsys.readouterr().err
+    assert "dmlab_30 is not a doom_*, atari_*, gym: or pz: env" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.parse_args(["--envs", "doom_basic"])  # Sample Factory's runs need its interpreter
     assert "--sf_python" in capsys.readouterr().err
