@@ -2167,9 +2167,9 @@ class RolloutWorker:
         env_index = self.worker_id * self.cfg.num_envs_per_worker + env_id
         return make_env(self.cfg, env_index)
 
-    def replace_env(self, env_id: int, env_actors: list[Actor], error: Exception):
-        """A failed env is closed and made again; its actors restart their slots from step 0, so the
-        partial trajectories (and whatever the env returned before failing) never reach the learner."""
+    def remake_env(self, env_id: int, env_actors: list[Actor], error: Exception):
+        """A failed env (in a step or a reset: a game process can die under either) is closed and
+        made again, with its actors' reward shaping."""
         print(f"warning: rollout worker {self.worker_id}: env {env_id} failed ({type(error).__name__}: "
               f"{error}); recreating it; its engine's output is in "
               f"{engine_log_path(self.cfg, f'rollout_worker_{self.worker_id}')}", flush=True)
@@ -2182,6 +2182,11 @@ class RolloutWorker:
         for actor in env_actors:
             actor.reward_shaping_version = -1  # the new env starts with the default weights
             self.apply_reward_shaping(actor)
+
+    def replace_env(self, env_id: int, env_actors: list[Actor], error: Exception):
+        """A failed env is made again; its actors restart their slots from step 0, so the partial
+        trajectories (and whatever the env returned before failing) never reach the learner."""
+        self.remake_env(env_id, env_actors, error)
         obs = self.envs[env_id].reset()
         for actor in env_actors:
             actor.step = 0
@@ -2221,8 +2226,13 @@ class RolloutWorker:
         for actor in self.actors:
             self.apply_reward_shaping(actor)
         for env_id, env in enumerate(self.envs):
-            obs = env.reset()
-            for actor in (a for a in self.actors if a.env_id == env_id):
+            env_actors = [a for a in self.actors if a.env_id == env_id]
+            try:
+                obs = env.reset()
+            except Exception as error:
+                self.remake_env(env_id, env_actors, error)
+                obs = self.envs[env_id].reset()
+            for actor in env_actors:
                 if not self.start_slot(actor):
                     return False
                 self.write_obs(actor, obs[actor.agent])

@@ -5,6 +5,7 @@
 Each fault is kind:env_index:step, and fires once, in the first instance of that env (the
 instance the trainer makes to replace it behaves). Kinds:
   raise  env.step raises RuntimeError
+  resetraise  env.reset raises RuntimeError (step: its Nth reset; 1 is the one at the worker's start)
   crash  the env's VizDoom game process is SIGKILLed, so the next step fails inside VizDoom
   hang   env.step never returns
   nan    every reward from then on is NaN
@@ -75,15 +76,23 @@ class FaultyEnv(gym.Wrapper):
     def __init__(self, env, env_index: int, faults, game_pids: set[int]):
         super().__init__(env)
         self.game_pids = game_pids
-        self.env_index, self.steps = env_index, 0
+        self.env_index, self.steps, self.resets = env_index, 0, 0
         self.faults = [(kind, step) for kind, index, step in faults
                        if index == env_index and (kind, env_index) not in FIRED]
         self.nan_rewards = False
 
+    def reset(self, **kwargs):
+        self.resets += 1
+        for kind, step in self.faults:
+            if kind == "resetraise" and self.resets == step and (kind, self.env_index) not in FIRED:
+                FIRED.add((kind, self.env_index))
+                raise RuntimeError("injected reset fault")
+        return self.env.reset(**kwargs)
+
     def step(self, action):
         self.steps += 1
         for kind, step in self.faults:
-            if self.steps == step and (kind, self.env_index) not in FIRED:
+            if kind != "resetraise" and self.steps == step and (kind, self.env_index) not in FIRED:
                 FIRED.add((kind, self.env_index))
                 self.inject(kind)
         obs, reward, terminated, truncated, info = self.env.step(action)

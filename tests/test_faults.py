@@ -137,10 +137,11 @@ def trained_frames(line: str) -> int:
 @pytest.mark.slow
 @COLLECTION
 def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path, collection):
-    # env 0 lives in rollout worker 0, env 2 in rollout worker 1
-    run = Run(tmp_path, ["--train_for_seconds", "60", *collection], faults="raise:0:20,crash:2:20", env="doom_faulty")
+    # envs 0 and 1 live in rollout worker 0, env 2 in rollout worker 1; env 1's reset at the start fails
+    run = Run(tmp_path, ["--train_for_seconds", "60", *collection], faults="raise:0:20,crash:2:20,resetraise:1:1",
+              env="doom_faulty")
     try:
-        index, _ = run.wait_for(r"faults: env 2 ")
+        index, _ = run.wait_for(r"faults: env 3 ")  # all three faults
         before = trained_frames(run.lines[run.wait_for(r"trained", after=index)[0]])
         run.wait_for_training(after=index, beyond=before)  # and training goes on
         run.process.send_signal(signal.SIGTERM)
@@ -149,6 +150,7 @@ def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path, co
         run.process.kill()
     output = run.output
     assert "env 0 failed (RuntimeError: injected env fault); recreating it" in output
+    assert "rollout worker 0: env 1 failed (RuntimeError: injected reset fault); recreating it" in output
     assert re.search(r"rollout worker 1: env 0 failed \(\w+", output)  # the dead game, as VizDoom reports it
     assert "restarting" not in output  # no worker had to go
     run.assert_nothing_left()
