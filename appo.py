@@ -1035,8 +1035,8 @@ class ActorCritic(nn.Module):
         if cfg.rnn_type != "none":
             # forward_rollout's segment path runs the cell's own weights through this (functional_call);
             # set past nn.Module's registration so the cell's stay the only parameters (and state_dict keys).
-            # On a GPU its first call repacks the cell's weights in place into one cuDNN buffer
-            # (flatten_parameters): the same values and keys, and no repacking at later calls
+            # On a GPU a call may repack the cell's weights in place into one cuDNN buffer
+            # (flatten_parameters): the same values and keys (not yet run on a GPU: gpu_check.py's CUDA tests)
             rnn = nn.GRU if cfg.rnn_type == "gru" else nn.LSTM
             object.__setattr__(self, "segment_rnn", rnn(cfg.hidden_size, cfg.hidden_size, device="meta"))
         self.policy_head = nn.Linear(cfg.hidden_size, self.action_dist.num_outputs)
