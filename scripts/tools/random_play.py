@@ -23,8 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import env as envs  # noqa: E402
-
-ACTION_MASK = "action_mask"
+from appo import ACTION_MASK  # noqa: E402
 
 
 def random_action(space, obs, rng: np.random.Generator):
