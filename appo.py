@@ -644,7 +644,10 @@ class Categoricals:
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         flat = logits.reshape(-1, logits.shape[-1])
-        actions = [torch.multinomial(log_probs.exp(), 1).squeeze(1) for log_probs in self.log_softmax(flat)]
+        # argmax(p / q), q ~ Exp(1): torch.multinomial's own algorithm for one sample, drawing the
+        # same numbers, without its input checks, which read the GPU back twice per head
+        actions = [(log_probs.exp() / torch.empty_like(log_probs).exponential_(1)).argmax(-1)
+                   for log_probs in self.log_softmax(flat)]
         return torch.stack(actions, dim=-1).view(*logits.shape[:-1], len(self.head_sizes))
 
     def mode(self, logits: torch.Tensor) -> torch.Tensor:
@@ -1530,6 +1533,15 @@ def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: t
     return grad_norm.detach(), skipped
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict):
+    """optimizer.load_state_dict, keeping this optimizer's own `fused`: torch restores each
+    group's setting from the state, so a checkpoint saved on the CPU (not fused) would turn a GPU
+    learner's fused Adam into one that refuses optimizer_step's `found_inf`. Loading with the group
+    fused also moves Adam's step counts to the parameters' device, which fused Adam needs."""
+    fused = optimizer.defaults.get("fused")
+    optimizer.load_state_dict({**state, "param_groups": [{**group, "fused": fused} for group in state["param_groups"]]})
+
+
 # =============================================================================================
 # PLUMBING: shared memory: trajectory slots, published weights, run state, and who owns what
 # =============================================================================================
@@ -1663,8 +1675,24 @@ class SharedWeights:
 
 
 def wait_for_copies(tensor: torch.Tensor):
+    """Waits, asleep, for the work queued so far on `tensor`'s device (its current stream)."""
     if tensor.is_cuda:
-        torch.cuda.synchronize(tensor.device)
+        done = sleeping_event()
+        done.record(torch.cuda.current_stream(tensor.device))
+        done.synchronize()
+
+
+def sleeping_event() -> "torch.cuda.Event":
+    """A CUDA event whose synchronize() sleeps: the default one spins a core until the GPU is done,
+    and on a GPU machine the cores run the envs."""
+    return torch.cuda.Event(blocking=True)
+
+
+def use_device(device: torch.device | str):
+    """Makes `device` the calling thread's current CUDA device. Events record on the current device's
+    stream: without this a process on cuda:1 (torchrun, LOCAL_RANK 1) would wait on cuda:0's."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def cuda_ipc_files(pids, reference_counters: bool = True) -> list[str]:
@@ -2525,7 +2553,7 @@ class PolicyWorker:
             self.inputs = {key: torch.empty_like(tensor, device=self.device) for key, tensor in self.host_inputs.items()}
             self.device_outputs, self.device_output_views = self.packed_outputs(capacity, self.device)
             self.host_outputs, self.host_output_views = self.packed_outputs(capacity, torch.device("cpu"), pin=True)
-            self.outputs_copied = torch.cuda.Event()
+            self.outputs_copied = sleeping_event()
 
     def packed_outputs(self, capacity: int, device: torch.device, pin: bool = False):
         """One byte buffer [capacity, bytes a row] for all of act()'s outputs, and a view of it per
@@ -2645,6 +2673,7 @@ class PolicyWorker:
 
 def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
     child_process_setup("policy", cfg.policy_worker_threads)
+    use_device(cfg.device)
     parent = os.getppid()
     worker = PolicyWorker(policy_id, cfg, shared, spaces_pair)
     busy_s, last_report = 0.0, time.monotonic()
@@ -2771,7 +2800,7 @@ class BatchBuffers:
         batch = self.host
         if self.device is not None:
             batch = {name: self.device[name].copy_(value, non_blocking=True) for name, value in batch.items()}
-            self.copied = torch.cuda.Event()
+            self.copied = sleeping_event()
             self.copied.record()
         batch = {name: value.transpose(0, 1) for name, value in batch.items()}
         if self.dones_on_host:
@@ -2789,6 +2818,17 @@ class NonFiniteLoss(RuntimeError):
     pass
 
 
+def rnn_in_full_float32():
+    """cuDNN's RNN (the learner's segment path on a GPU) in full float32, as the policy workers'
+    cell computes, instead of its default TF32. Since torch 2.9 that is a setting of its own and the
+    convolutions keep theirs (mixing it with the older allow_tf32 then raises); before 2.9 the one
+    older setting turns TF32 off for the convolutions too."""
+    if hasattr(torch.backends.cudnn.rnn, "fp32_precision"):
+        torch.backends.cudnn.rnn.fp32_precision = "ieee"
+    else:
+        torch.backends.cudnn.allow_tf32 = False
+
+
 class Learner:
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
         # a copy: population-based training changes this policy's learning rate and exploration coefficient
@@ -2801,15 +2841,12 @@ class Learner:
                                           fused=True if host_reads_stall(self.device) else None)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
-            if hasattr(torch.backends.cudnn, "rnn"):  # torch >= 2.9
-                # the segment path's cuDNN RNN in full float32 (its default is TF32), as the policy workers'
-                # cell computes; the convolutions keep theirs (so torch.backends.cudnn.allow_tf32 now raises)
-                torch.backends.cudnn.rnn.fp32_precision = "ieee"
+            rnn_in_full_float32()
         self.policy_version, self.env_frames = 0, 0
         checkpoint = load_latest_checkpoint(cfg, policy_id, quiet=True)  # the runner has warned already
         if checkpoint is not None:
             self.model.load_state_dict(checkpoint["model"])
-            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            load_optimizer_state(self.optimizer, checkpoint["optimizer"])
             self.policy_version, self.env_frames = checkpoint["policy_version"], checkpoint["env_frames"]
             print(f"policy {policy_id} resumed from policy version {self.policy_version}, "
                   f"{self.env_frames:,} env frames ({checkpoint['path']})", flush=True)
@@ -2841,6 +2878,7 @@ class Learner:
         acted by the weights of one or two versions ago, however slow it is. The price is the
         copy, a few milliseconds a batch, on the learner's critical path.
         """
+        use_device(self.device)  # a thread's current device is its own
         pending = []
         try:
             while self.batching():
@@ -3041,6 +3079,7 @@ class Learner:
 
 def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
     child_process_setup("learner", cfg.learner_threads)
+    use_device(cfg.device)
     try:
         Learner(policy_id, cfg, shared, spaces_pair).run(process_index)
     except NonFiniteLoss as error:
@@ -4010,7 +4049,7 @@ def broadcast_training_state(learner: "Learner"):
         tensor.copy_(contiguous)
     state = [learner.optimizer.state_dict(), learner.policy_version, learner.env_frames]
     torch.distributed.broadcast_object_list(state, src=0)  # pickled, but only between our own ranks
-    learner.optimizer.load_state_dict(state[0])
+    load_optimizer_state(learner.optimizer, state[0])
     learner.policy_version, learner.env_frames = state[1], state[2]
 
 

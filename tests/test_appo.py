@@ -577,6 +577,24 @@ def test_action_heads_sample_valid_actions_and_score_them():
     assert heads.mode(logits).tolist() == [[1, 0]]
 
 
+def test_sampling_draws_exactly_what_torch_multinomial_draws_from_the_same_seed():
+    """Categoricals.sample is multinomial's one-sample algorithm without its input checks (two reads
+    of the GPU per head): the same actions and the same random numbers used, so seeded runs are
+    unchanged (scripts/same_training.py)."""
+    heads = appo.Categoricals([3, 4, 2])
+    for seed in range(20):
+        logits = torch.randn(64, 9, generator=torch.Generator().manual_seed(100 + seed)) * 3
+        logits[::7, 1] = -torch.inf  # a masked action
+        torch.manual_seed(seed)
+        ours, after_ours = heads.sample(logits), torch.rand(1)
+        torch.manual_seed(seed)
+        theirs = torch.stack([torch.multinomial(log_probs.exp(), 1).squeeze(1)
+                              for log_probs in heads.log_softmax(logits)], dim=-1)
+        assert torch.equal(ours, theirs), seed
+        assert torch.equal(after_ours, torch.rand(1))  # the generator moved on by as much
+        assert not (ours[::7, 0] == 1).any()
+
+
 def test_symmetric_kl_to_uniform_against_a_hand_computed_example():
     # head 1: probabilities (3/4, 1/4) against uniform (1/2, 1/2); head 2: uniform over 3, which adds 0
     logits = torch.log(torch.tensor([[0.75, 0.25, 1 / 3, 1 / 3, 1 / 3]]))
@@ -815,6 +833,44 @@ def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path
         for key, value in moments.items():
             assert torch.equal(value, adam[index][key]), (index, key)
     assert learner.sgd_step(good)["skipped_steps"] == 1  # a finite step trains again
+
+
+@pytest.mark.parametrize("saved_fused, loaded_fused", [(False, True), (True, False)])
+def test_a_checkpoint_resumes_across_fused_and_plain_adam_and_the_next_step_is_taken(
+        tmp_path, monkeypatch, saved_fused, loaded_fused):
+    """A learner where host reads stall (a GPU; forced here, the CPU has fused Adam too) keeps its
+    fused Adam when it resumes a checkpoint saved by a plain one (the CPU), and the other way round:
+    torch would restore the saver's setting, and a plain Adam refuses optimizer_step's found_inf."""
+    cfg = small_cfg(train_dir=str(tmp_path))
+    batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    monkeypatch.setattr(appo, "host_reads_stall", lambda device: saved_fused)
+    saved = learner_with_weights(cfg)
+    saved.sgd_step(batch)
+    saved.save()
+    monkeypatch.setattr(appo, "host_reads_stall", lambda device: loaded_fused)
+    resumed = learner_with_weights(cfg)
+    assert resumed.policy_version == saved.policy_version
+    assert all(group["fused"] == (True if loaded_fused else None) for group in resumed.optimizer.param_groups)
+    steps = [state["step"] for state in resumed.optimizer.state.values()]
+    assert steps and all(step.item() == 1 for step in steps)
+    if loaded_fused:
+        assert all(step.dtype == torch.float32 for step in steps)  # as fused Adam keeps it
+    stats = resumed.sgd_step(batch)
+    assert stats["skipped_steps"] == 0
+    assert all(state["step"].item() == 2 for state in resumed.optimizer.state.values())
+
+
+def test_the_learner_asks_for_cudnns_rnn_in_full_float32_on_any_torch(monkeypatch):
+    """The segment path's cuDNN RNN must compute as the policy workers' cell does. Since torch 2.9
+    that is cudnn.rnn.fp32_precision; on an older torch (a stand-in module without it) the older
+    allow_tf32, which `hasattr(torch.backends.cudnn, "rnn")` (always true) used to skip."""
+    monkeypatch.setattr(torch.backends.cudnn.rnn, "fp32_precision", "tf32")
+    appo.rnn_in_full_float32()
+    assert torch.backends.cudnn.rnn.fp32_precision == "ieee"
+    older_cudnn = types.SimpleNamespace(rnn=types.SimpleNamespace(), allow_tf32=True)
+    monkeypatch.setattr(torch.backends, "cudnn", older_cudnn)
+    appo.rnn_in_full_float32()
+    assert older_cudnn.allow_tf32 is False
 
 
 def test_a_loss_whose_statistics_are_floats_still_reports_them(tmp_path, monkeypatch):

@@ -7,6 +7,8 @@ dry run (--device cpu) sets APPO_CUDA_TESTS_ON_CPU=1, which runs the same tests 
 the GPU's place: that checks the tests' own logic, not CUDA.
 """
 import os
+import queue
+import time
 import types
 import warnings
 
@@ -82,6 +84,21 @@ def policy_worker_loads(weights, cfg, results):
                  **forward(model, random_obs(32, seed=2), torch.full((32, appo.rnn_state_size(cfg)), 0.1, device=CUDA))})
 
 
+def result_of(child, results, timeout: float = 300.0):
+    """What the child put on `results`; fails at once if it died first (not after the whole timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return results.get(timeout=1.0)
+        except queue.Empty:
+            if not child.is_alive():
+                try:
+                    return results.get(timeout=1.0)  # put just before it exited
+                except queue.Empty:
+                    pytest.fail(f"{child.name} exited with code {child.exitcode} before giving its result")
+    pytest.fail(f"{child.name} gave no result in {timeout:.0f} s")
+
+
 @pytest.mark.parametrize("encoder_dtype", ["float32", "bfloat16"])
 def test_learner_weights_reach_a_policy_worker_through_cuda_ipc_and_it_acts_as_the_learner(spawn, encoder_dtype):
     cfg = gpu_cfg(encoder_dtype=encoder_dtype)
@@ -92,7 +109,7 @@ def test_learner_weights_reach_a_policy_worker_through_cuda_ipc_and_it_acts_as_t
     for target in (learner_publishes, policy_worker_loads):
         child = spawn.Process(target=target, args=(weights, cfg, results))
         child.start()
-        outputs = results.get(timeout=300)
+        outputs = result_of(child, results)
         child.join(timeout=60)
         assert child.exitcode == 0
         if target is learner_publishes:
@@ -351,11 +368,20 @@ def trained_learner(cfg) -> appo.Learner:
     return learner
 
 
-@pytest.mark.parametrize("saved_on, loaded_on", [(CUDA.type, "cpu"), ("cpu", CUDA.type)])
-def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_path, saved_on, loaded_on):
-    saved = trained_learner(gpu_cfg(tmp_path, device=saved_on))
+@pytest.mark.parametrize("saved_on, loaded_on", [("cuda", "cpu"), ("cpu", "cuda")])
+def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_path, monkeypatch, saved_on, loaded_on):
+    """Adam's state and the learner's fused Adam (where reads stall) survive the move: a plain
+    Adam's checkpoint resumed by a fused one takes a step, and the other way round."""
+    def learner_on(side):
+        if ON_CPU:  # the dry run: the CPU stands in for the GPU, whose reads stall (so its Adam is fused)
+            monkeypatch.setattr(appo, "host_reads_stall", lambda device: side == "cuda")
+        return gpu_cfg(tmp_path, device=CUDA.type if side == "cuda" else "cpu")
+
+    saved = trained_learner(learner_on(saved_on))
     saved.save()
-    resumed = appo.Learner(0, gpu_cfg(tmp_path, device=loaded_on), None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    resumed = appo.Learner(0, learner_on(loaded_on), None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    loaded_on = resumed.device.type
+    assert resumed.optimizer.defaults["fused"] == (True if appo.host_reads_stall(resumed.device) else None)
     assert resumed.policy_version == 3 and resumed.env_frames == 1234
     for key, value in saved.model.state_dict().items():
         assert resumed.model.state_dict()[key].device.type == loaded_on
