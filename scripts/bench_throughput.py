@@ -32,7 +32,8 @@ what Sample Factory's "Fps is" line counts), the frames trained between the firs
 before it is stopped, over the seconds between them; neither writes
 checkpoints during the run. The table gives ours/pure sim, ours/pure episodes, ours/SF and
 ours_fp32/SF (like for like). `--json` prints
-the same figures as JSON; `--sweep 2,4,8` repeats everything for several envs per worker and
+the same figures as JSON, and `--partial FILE` rewrites FILE with them after every leg (the legs
+measured so far: what is left when the bench is stopped part-way); `--sweep 2,4,8` repeats everything for several envs per worker and
 `--plot` draws FPS against the number of envs (the paper's Figure 3). Every leg runs for
 `--seconds` (after `--warmup` for the trainers); `--repeats N` runs each leg N times and reports
 medians. Nothing is left running or in /dev/shm afterwards.
@@ -108,6 +109,9 @@ def parse_args():
                         help="comma-separated envs-per-worker values: one row per value")
     parser.add_argument("--plot", default=None, help="PNG of FPS against the number of envs (needs matplotlib)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--partial", default=None,
+                        help="rewrite this file (JSON, as --json prints it) after every leg with the legs measured "
+                             "so far: what a caller reads when the bench is killed or fails part-way")
     parser.add_argument("--out", default=None,
                         help="also write a result file (JSON): the figures, the command, and the commit of the "
                              "code and bench that made them, with any uncommitted file named")
@@ -598,7 +602,8 @@ def leg_precision(args, flags: list[str]) -> dict:
     return {"ours": f"{ours} encoder", "gpu_time": f"{ours} encoder", "ours_fp32": "float32 encoder", "sf": "float32"}
 
 
-def measure_configuration(args, envs_per_worker: int) -> dict:
+def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
+    """Every leg of one configuration; on_leg(result so far), if given, after each leg ends."""
     flags = trainer_config(args, envs_per_worker)
     runs = {leg: [] for leg in args.legs}
     for repeat in range(args.repeats):
@@ -623,6 +628,14 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
             if runs[leg][-1].get("log_tail"):
                 print(f"warning: {leg}: no steady FPS in its log; its last lines:\n  " +
                       "\n  ".join(runs[leg][-1]["log_tail"]), file=sys.stderr)
+            if on_leg:
+                on_leg(configuration_result(args, envs_per_worker, flags, runs))
+    return configuration_result(args, envs_per_worker, flags, runs)
+
+
+def configuration_result(args, envs_per_worker: int, flags: list[str], runs: dict[str, list[dict]]) -> dict:
+    """One configuration's figures from the runs of the legs measured so far (the others left out)."""
+    runs = {leg: leg_runs for leg, leg_runs in runs.items() if leg_runs}
     fps = {leg: median_or_none([run["fps"] for run in runs.get(leg, [])]) for leg in LEGS}
     result = {"env": args.env, "num_workers": args.num_workers, "num_envs": args.num_workers * envs_per_worker,
               "precision": leg_precision(args, flags),
@@ -762,6 +775,18 @@ def comparison_table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def json_output(args, results: list[dict]) -> dict | list[dict]:
+    """What --json prints: one configuration's figures, or a list of them for a sweep of several."""
+    return results[0] if len(args.envs_per_worker) == 1 else results
+
+
+def write_atomically(path: str, text: str):
+    """A reader sees the old file or the new one, never half of one (the bench may be killed mid-write)."""
+    with open(path + ".part", "w") as f:
+        f.write(text)
+    os.replace(path + ".part", path)
+
+
 def main():
     if "--report" in sys.argv:  # before parse_args: a report needs no env or trainer
         paths = list(itertools.takewhile(lambda arg: not arg.startswith("--"), sys.argv[sys.argv.index("--report") + 1:]))
@@ -780,7 +805,14 @@ def main():
     if error:
         raise SystemExit(f"error: --env: {error}")
     shm_before = set(os.listdir("/dev/shm"))
-    results = [measure_configuration(args, envs_per_worker) for envs_per_worker in args.envs_per_worker]
+    results = []
+
+    def write_partial(current: dict):
+        if args.partial:
+            write_atomically(args.partial, json.dumps(json_output(args, results + [current]), indent=1))
+
+    for envs_per_worker in args.envs_per_worker:
+        results.append(measure_configuration(args, envs_per_worker, on_leg=write_partial))
     leaked = set(os.listdir("/dev/shm")) - shm_before
     if leaked:
         print(f"warning: left in /dev/shm: {sorted(leaked)}", file=sys.stderr)
@@ -790,7 +822,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"provenance": provenance(args), "results": results}, f, indent=1)
     if args.json:
-        print(json.dumps(results[0] if len(results) == 1 else results, indent=1))
+        print(json.dumps(json_output(args, results), indent=1))
     else:
         print(format_table(results))
 

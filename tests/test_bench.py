@@ -2,6 +2,7 @@
 processes), cpu_accounting.py and bench_policy_worker.py."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 import appo
-from conftest import processes_tagged
+from conftest import processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -303,3 +304,31 @@ def test_a_pure_simulation_worker_lost_twice_ends_the_bench_with_both_reasons(tm
     message = str(stopped.value)
     assert message.startswith("error: pure simulation lost a worker twice")
     assert message.count("worker 0 (pid") == 2 and message.count("killed by SIGKILL") == 2, message
+
+
+def test_each_legs_figures_are_in_the_partial_file_as_the_leg_ends_and_stay_there_when_the_bench_is_stopped(
+        tmp_path):
+    """--partial: rewritten after every leg in --json's shape, so a caller that has to stop the bench
+    (gpu_check at its deadline) keeps the legs that finished. Stopped here during the ours leg."""
+    tag = uuid.uuid4().hex
+    partial = tmp_path / "partial.json"
+    command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "gym:CartPole-v1",
+               "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--legs", "pure,ours",
+               "--seconds", "1", "--warmup", "300", "--json", "--partial", str(partial), "--", "--device", "cpu"]
+    bench_process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                     env={**os.environ, "BENCH_TEST_TAG": tag})
+    try:
+        deadline = time.monotonic() + 180
+        while not partial.exists() and bench_process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert partial.exists(), bench_process.communicate(timeout=60)[1][-3000:]
+        bench_process.send_signal(signal.SIGTERM)  # during the ours leg: its warm-up alone is 300 s
+        _, stderr = bench_process.communicate(timeout=60)
+    finally:
+        bench_process.kill()
+    assert bench_process.returncode != 0
+    figures = json.loads(partial.read_text())
+    assert figures["env"] == "gym:CartPole-v1" and figures["num_envs"] == 2, figures
+    assert list(figures["runs"]) == ["pure"] and figures["pure_sim_fps"] > 0 and figures["ours_fps"] is None
+    assert not list(tmp_path.glob("*.part"))
+    assert processes_still_tagged(tag) == [], stderr[-3000:]
