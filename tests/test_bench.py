@@ -332,3 +332,30 @@ def test_each_legs_figures_are_in_the_partial_file_as_the_leg_ends_and_stay_ther
     assert list(figures["runs"]) == ["pure"] and figures["pure_sim_fps"] > 0 and figures["ours_fps"] is None
     assert not list(tmp_path.glob("*.part"))
     assert processes_still_tagged(tag) == [], stderr[-3000:]
+
+
+def process_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_sample_factory_that_never_trains_is_stopped_at_its_first_line_limit_with_its_group(tmp_path):
+    """--sf_first_line_s: a Sample Factory that starts but never prints a training FPS line (only
+    its nan one) is stopped that many seconds after launch, not 180 s plus the measurement later,
+    and the leg says why; what it started in its process group goes with it."""
+    never_trains = tmp_path / "sf_python"
+    never_trains.write_text(
+        "#!/bin/sh\n"
+        "echo '[2026-11-23 15:49:52,001][04321] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0.'\n"
+        "sleep 600 &\necho \"child $!\"\nwait\n")
+    never_trains.chmod(0o755)
+    args = bench_args(sf_python=str(never_trains), warmup=0.0, seconds=1.0, sf_first_line_s=2.0)
+    started = time.monotonic()
+    result = bench.measure_sample_factory(args, bench.trainer_config(args, 8))
+    assert time.monotonic() - started < 20
+    assert result["fps"] is None and result["error"] == "no training FPS line within 2 s of its launch: stopped"
+    child = int(next(line for line in result["log_tail"] if line.startswith("child ")).split()[1])
+    assert not process_running(child)
