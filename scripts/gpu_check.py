@@ -295,21 +295,44 @@ class Check:
         self.log.write(text + "\n")
         self.log.flush()
 
-    def command(self, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
-        """Runs argv to completion (or until timeout, then its group is killed); its output goes to
-        steps.log and comes back."""
+    def command(self, argv: list[str], timeout: float, env: dict | None = None,
+                tag: str | None = None) -> tuple[int, str]:
+        """Runs argv to completion, its output to steps.log and back. Every process it starts carries
+        GPU_CHECK_TAG=`tag` (a new one unless given) in its environment: past `timeout` (or a minute
+        past --deadline_s) its group gets SIGTERM, so that a script's own cleanup runs, then
+        STOP_GRACE_S later SIGKILL, with every tagged process, those in sessions of their own too
+        (bench_throughput starts each trainer in one)."""
         self.say("$ " + " ".join(arg if len(arg) < 200 else "'" + arg.strip()[:60] + " ...'" for arg in argv))
+        tag = tag or uuid.uuid4().hex
         process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=env or self.env, start_new_session=True)
+                                   env=dict(env or self.env, GPU_CHECK_TAG=tag), start_new_session=True)
+        limit = max(1.0, min(timeout, self.remaining() + 60))
         try:
-            output, _ = process.communicate(timeout=max(1.0, min(timeout, self.remaining() + 60)))
+            output, _ = process.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            kill_group(process.pid)
-            output, _ = process.communicate()
-            output += f"\n(killed: still running after {timeout:.0f} s)"
+            output = stop(process, tag) + f"\n(stopped: still running after {limit:.0f} s)"
         self.log.write(output)
         self.log.flush()
         return process.returncode, output
+
+
+STOP_GRACE_S = 20.0  # from SIGTERM to SIGKILL: bench_throughput stops its trainer leg (appo.py takes ~10 s)
+
+
+def stop(process: subprocess.Popen, tag: str) -> str:
+    """SIGTERM to the process's group, then, STOP_GRACE_S later if it has not ended, SIGKILL to it, and
+    in any case to every process still carrying `tag`; what it printed."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        output, _ = process.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        output = None
+    kill_group(process.pid)
+    kill_tagged(tag)  # before reading on: one in a session of its own may hold the output pipe open
+    return output if output is not None else process.communicate()[0]
 
 
 def kill_group(pgid: int):
@@ -317,6 +340,22 @@ def kill_group(pgid: int):
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def kill_tagged(tag: str, seconds: float = 10.0) -> dict[int, str]:
+    """SIGKILLs every process carrying `tag`, and its group, until none is left (one may start
+    another meanwhile) or `seconds` pass; what is left."""
+    deadline = time.monotonic() + seconds
+    while (tagged := processes_tagged(tag)) and time.monotonic() < deadline:
+        for pid in tagged:
+            try:
+                if os.getpgid(pid) != os.getpgrp():  # (never this script's own group)
+                    kill_group(os.getpgid(pid))
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # gone meanwhile
+        time.sleep(0.1)
+    return processes_tagged(tag)
 
 
 def processes_tagged(tag: str) -> dict[int, str]:
@@ -541,10 +580,9 @@ def train_command(check: Check, experiment: str, seconds: float) -> list[str]:
 
 def step_train(check: Check):
     tag = uuid.uuid4().hex
-    env = dict(check.env, GPU_CHECK_TAG=tag)
     shm_before = shm_entries()
     code, output = check.command(train_command(check, "trained", check.args.train_seconds),
-                                 timeout=check.args.train_seconds + 180, env=env)
+                                 timeout=check.args.train_seconds + 180, tag=tag)
     survivors = wait_until_gone(tag, 15)
     shm_left = sorted(shm_entries() - shm_before)
     lines = status_lines(output)
@@ -559,8 +597,7 @@ def step_train(check: Check):
                "episodes_in_score": scored[-1]["episodes"] if scored else 0,
                "checkpoints": len(checkpoints), "processes_left": survivors, "shm_left": shm_left,
                "status_line": next((l for l in reversed(output.splitlines()) if STATUS.match(l)), "")[:400]}
-    for pid in survivors:
-        kill_group(pid)
+    kill_tagged(tag)
     warnings = [line for line in output.splitlines() if line.startswith(("warning", "[W"))]
     if warnings:
         details["warnings"] = warnings[:5]
@@ -602,11 +639,7 @@ def step_sigkill(check: Check):
         gone_after = round(time.monotonic() - killed, 1)
         shm_left = sorted(shm_entries() - shm_before)
     finally:
-        for pid in processes_tagged(tag):  # what outlived it, and its group
-            try:
-                kill_group(os.getpgid(pid))
-            except ProcessLookupError:
-                pass  # gone meanwhile
+        kill_tagged(tag)  # what outlived it, and its group
         kill_group(process.pid)
         reader.join(timeout=10)
     check.log.write("".join(output))

@@ -2,8 +2,10 @@
 (Its full dry run, `run --device cpu`, takes minutes: docs/gpu.md gives the command.)"""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import types
 import zipfile
 
@@ -143,3 +145,43 @@ def test_the_learner_micro_benchmark_times_doom_basics_batch_on_the_gpu_and_one_
     assert flags["--device"] == "cuda" and flags["--seconds"] == "5"
     dry = gpu_check.learner_command(fake_check(tmp_path, device="cpu"))
     assert dry[dry.index("--min_steps") + 1] == "1" and "--seconds" in dry
+
+
+def process_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# prints its pid and that of a child in a session of its own (as bench_throughput starts a trainer),
+# then waits; with an argument, it ignores SIGTERM
+SESSIONS = """
+import signal, subprocess, sys, time
+if len(sys.argv) > 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                         stdout=subprocess.DEVNULL)
+print("pids", child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_command_past_its_time_is_stopped_with_every_process_it_started_in_any_session(tmp_path, monkeypatch,
+                                                                                          ignores_sigterm):
+    monkeypatch.setattr(gpu_check, "STOP_GRACE_S", 2.0)
+    args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    check = gpu_check.Check(args)
+    try:
+        started = time.monotonic()
+        code, output = check.command([sys.executable, "-c", SESSIONS] + ["ignore"] * ignores_sigterm, timeout=3)
+    finally:
+        check.log.close()
+        os.rmdir(check.work)
+    assert time.monotonic() - started < 20
+    assert code == (-signal.SIGKILL if ignores_sigterm else -signal.SIGTERM), output
+    assert "(stopped: still running after 3 s)" in output
+    child = int(next(line for line in output.splitlines() if line.startswith("pids ")).split()[1])
+    assert not process_running(child)
