@@ -118,6 +118,9 @@ def parse_args(argv=None):
     run.add_argument("--bench_warmup", type=float, default=10,
                      help="training seconds before the trainers' legs count")
     run.add_argument("--report_every", type=float, default=5, help="appo.py's status interval in the trainers' legs")
+    run.add_argument("--sf_first_line_s", type=float, default=60,
+                     help="a Sample Factory leg that has printed no training FPS line this many seconds after its "
+                          "launch is stopped and recorded as failed")
     run.add_argument("--pure_episode_frames", type=int, default=None,
                      help="episode length of the pure_episodes leg, in env frames; default: the eval step's mean "
                           "length (the pure_episodes leg is left out when neither gives one)")
@@ -320,16 +323,18 @@ STOP_GRACE_S = 20.0  # from SIGTERM to SIGKILL: bench_throughput stops its train
 
 
 def stop(process: subprocess.Popen, tag: str) -> str:
-    """SIGTERM to the process's group, then, STOP_GRACE_S later if it has not ended, SIGKILL to it, and
-    in any case to every process still carrying `tag`; what it printed."""
+    """SIGTERM to the process's group, then, once it and every process carrying `tag` have ended or
+    STOP_GRACE_S has passed, SIGKILL to the group and to every process still tagged; what it printed."""
     try:
         os.killpg(process.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + STOP_GRACE_S
     try:
         output, _ = process.communicate(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         output = None
+    wait_until_gone(tag, deadline - time.monotonic())  # its children's own cleanup (appo.py's /dev/shm)
     kill_group(process.pid)
     kill_tagged(tag)  # before reading on: one in a session of its own may hold the output pipe open
     return output if output is not None else process.communicate()[0]
@@ -741,16 +746,18 @@ def bench_legs(check: Check, env_name: str, policy_workers: int) -> tuple[list[s
     return legs, left_out
 
 
-def bench_command(check: Check, env_name: str, legs: list[str], policy_workers: int) -> list[str]:
+def bench_command(check: Check, env_name: str, legs: list[str], policy_workers: int, partial: str) -> list[str]:
+    """bench_throughput.py for these legs, its figures so far in `partial` after every leg."""
     args = check.args
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", env_name,
                "--num_workers", str(args.num_workers), "--num_envs_per_worker", str(args.num_envs_per_worker),
                "--legs", ",".join(legs), "--seconds", str(args.bench_seconds), "--warmup", str(args.bench_warmup),
-               "--report_every", str(args.report_every), "--policy_workers_per_policy", str(policy_workers), "--json"]
+               "--report_every", str(args.report_every), "--policy_workers_per_policy", str(policy_workers), "--json",
+               "--partial", partial]
     if "pure_episodes" in legs:
         command += ["--pure_episode_frames", str(check.episode_frames)]
     if "sf" in legs:
-        command += ["--sf_python", check.sf_python]
+        command += ["--sf_python", check.sf_python, "--sf_first_line_s", str(args.sf_first_line_s)]
     return command + ["--", "--device", args.device]
 
 
@@ -781,18 +788,39 @@ def bench_details(figures: dict) -> dict:
 
 def step_bench(check: Check, env_name: str, policy_workers: int):
     legs, left_out = bench_legs(check, env_name, policy_workers)
-    command = bench_command(check, env_name, legs, policy_workers)
+    partial = os.path.join(check.work, f"bench_{env_name}_{policy_workers}pw.json")
+    command = bench_command(check, env_name, legs, policy_workers, partial)
     code, output = check.command(command, timeout=bench_seconds(check.args, legs) + 120)
-    figures = json_in(output)
     details = {"command": " ".join(command[1:]), "left_out": left_out}
-    if code != 0 or figures is None:
-        return "failed", {"reason": f"bench_throughput exit code {code}", **details}
+    figures = json_in(output) if code == 0 else None
+    if figures is None:  # failed or stopped part-way: the legs that finished are in the partial file
+        figures = read_json(partial)
+        last_line = (output.strip().splitlines() or [""])[-1][:300]
+        finished = list(figures["runs"]) if figures else []
+        reason = (f"bench_throughput exit code {code} ({last_line}); legs finished: "
+                  f"{', '.join(finished) or 'none'}")
+        return "failed", {"reason": reason, **details, **(bench_details(figures) if figures else {})}
     details.update(bench_details(figures))
     missing = [leg for leg, key in (("pure", "pure_sim_fps"), ("pure_episodes", "pure_episodes_fps"),
                                     ("ours", "ours_fps"), ("sf", "sf_fps")) if leg in legs and not figures.get(key)]
     if missing:
-        return "failed", {"reason": f"no figure from {', '.join(missing)}", **details}
+        return "failed", {"reason": f"no figure from {', '.join(leg_and_error(figures, leg) for leg in missing)}",
+                          **details}
     return "passed", details
+
+
+def leg_and_error(figures: dict, leg: str) -> str:
+    """The leg, and why it gave no figure where it says (Sample Factory never trained, say)."""
+    error = (figures["runs"].get(leg) or [{}])[0].get("error")
+    return f"{leg} ({error})" if error else leg
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------

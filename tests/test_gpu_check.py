@@ -2,6 +2,7 @@
 (Its full dry run, `run --device cpu`, takes minutes: docs/gpu.md gives the command.)"""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,16 +107,17 @@ def test_the_bench_steps_legs_and_their_command_lines(tmp_path):
     assert gpu_check.bench_legs(check, "doom_basic", 1) == (["pure", "pure_episodes", "ours", "sf", "gpu_time"], {})
     assert gpu_check.bench_legs(check, "doom_basic", 2) == (["ours", "sf"], {})  # pure simulation once
     assert gpu_check.bench_legs(check, "atari_breakout", 1) == (["pure", "ours", "sf"], {})
-    command = gpu_check.bench_command(check, "doom_basic", ["pure", "pure_episodes", "ours", "sf"], 2)
+    command = gpu_check.bench_command(check, "doom_basic", ["pure", "pure_episodes", "ours", "sf"], 2, "/w/p.json")
     flags = {flag: command[i + 1] for i, flag in enumerate(command[:-1]) if flag.startswith("--")}
     assert flags["--policy_workers_per_policy"] == "2" and flags["--pure_episode_frames"] == "24"
     assert flags["--sf_python"] == "/w/sf_python" and flags["--num_workers"] == "14"
+    assert flags["--partial"] == "/w/p.json" and flags["--sf_first_line_s"] == "60"
     assert command[-3:] == ["--", "--device", "cuda"]
     bare = fake_check(tmp_path)
     legs, left_out = gpu_check.bench_legs(bare, "doom_basic", 1)
     assert legs == ["pure", "ours", "gpu_time"]
     assert "no episode length" in left_out["pure_episodes"] and "no Sample Factory wheels" in left_out["sf"]
-    assert "--sf_python" not in gpu_check.bench_command(bare, "doom_basic", legs, 1)
+    assert "--sf_python" not in gpu_check.bench_command(bare, "doom_basic", legs, 1, "/w/p.json")
 
 
 def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
@@ -185,3 +187,23 @@ def test_a_command_past_its_time_is_stopped_with_every_process_it_started_in_any
     assert "(stopped: still running after 3 s)" in output
     child = int(next(line for line in output.splitlines() if line.startswith("pids ")).split()[1])
     assert not process_running(child)
+
+
+def test_a_bench_that_fails_part_way_fails_its_step_with_the_figures_of_the_legs_that_finished(tmp_path):
+    """bench_throughput on CartPole with pure, ours and sf: Sample Factory has no launcher for a gym:
+    env, so the bench ends with an error in its third leg, after the other two."""
+    args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", "cpu", "--num_workers", "1",
+                                 "--num_envs_per_worker", "2", "--bench_seconds", "1", "--bench_warmup", "0",
+                                 "--report_every", "1"])
+    check = gpu_check.Check(args)
+    check.sf_python = sys.executable  # an executable, so the bench takes it and fails at the leg
+    try:
+        status, details = gpu_check.step_bench(check, "gym:CartPole-v1", 1)
+    finally:
+        check.log.close()
+        shutil.rmtree(check.work)
+    assert status == "failed"
+    assert details["reason"].startswith("bench_throughput exit code 1 (error: --sf_python: Sample Factory's "
+                                        "launchers cover doom_* and atari_* only"), details["reason"]
+    assert details["reason"].endswith("legs finished: pure, ours")
+    assert details["pure_sim_fps"] > 0 and details["sf_fps"] is None and details["envs"] == 2
