@@ -291,6 +291,7 @@ class Check:
         result = {"step": name, "status": status, "seconds": round(time.monotonic() - started, 1), **details}
         self.results.append(result)
         self.say(f"== {name}: {status} in {result['seconds']:.0f} s " + json.dumps(details, default=str)[:1500])
+        write_summary(self)  # now, not only at the end: a call killed at its time limit keeps every step done
         return result
 
     def say(self, text: str):

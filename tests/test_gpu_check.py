@@ -207,3 +207,22 @@ def test_a_bench_that_fails_part_way_fails_its_step_with_the_figures_of_the_legs
                                         "launchers cover doom_* and atari_* only"), details["reason"]
     assert details["reason"].endswith("legs finished: pure, ours")
     assert details["pure_sim_fps"] > 0 and details["sf_fps"] is None and details["envs"] == 2
+
+
+def test_the_summary_holds_every_finished_step_while_the_next_one_runs(tmp_path):
+    """The GPU call's time limit may SIGKILL the check in any step: what finished is on disk by then."""
+    args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", "cpu"])
+    check = gpu_check.Check(args)
+
+    def read_summaries():
+        steps = json.loads((tmp_path / "out" / "summary.json").read_text())["steps"]
+        return "passed", {"seen": [step["step"] for step in steps],
+                          "md": "| machine | failed |" in (tmp_path / "out" / "summary.md").read_text()}
+
+    try:
+        check.step("machine", lambda: ("failed", {"reason": "no GPU"}))
+        seen = check.step("train", read_summaries)
+    finally:
+        check.log.close()
+        os.rmdir(check.work)
+    assert seen["seen"] == ["machine"] and seen["md"]
