@@ -80,6 +80,8 @@ RETURN = re.compile(r"avg return (-?[\d.]+) \((\d+) ep\)")
 STEPS = ["cuda_tests", "train", "sigkill", "eval", "micro_policy", "micro_learner", "doom_1pw", "doom_2pw", "atari"]
 ALWAYS = ["packages", "machine", "build", "sample_factory"]
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|error)")
+PYTEST_SKIPPED = re.compile(r"^SKIPPED \[\d+\] (\S+): (.*)$", re.MULTILINE)  # -rs's lines: where, reason
+NEEDS_A_GPU = re.compile(r"\bneeds (a )?CUDA\b")  # tests/test_cuda.py's reasons for a test no CPU can stand in for
 EVAL_RETURN = re.compile(r"mean return (-?[\d.]+) \+- ([\d.]+) over (\d+) games")
 EVAL_LENGTH = re.compile(r"mean length ([\d,]+) env frames")
 
@@ -563,17 +565,23 @@ def step_build(check: Check):
     return "passed", {"module": how}
 
 
-def step_cuda_tests(check: Check):
+def step_cuda_tests(check: Check, tests: str = "tests/test_cuda.py"):
+    """The CUDA tests; none may be skipped on the GPU. In a dry run a test that needs a real GPU
+    (tests/test_cuda.py says so in its skip reason: the sync debug mode) is skipped, as expected."""
     env = dict(check.env)
     if check.args.device == "cpu":
         env["APPO_CUDA_TESTS_ON_CPU"] = "1"  # the tests' own logic, with the CPU in the GPU's place
-    code, output = check.command([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                                  "tests/test_cuda.py"], timeout=400, env=env)
+    code, output = check.command([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", tests],
+                                 timeout=400, env=env)
     # pytest's last line of its own: the lines after it are what processes print as they exit
     summary = next((line for line in reversed(output.splitlines()) if PYTEST_SUMMARY.search(line)), "")
-    details = {"pytest": summary, "on": "the CPU standing in for the GPU" if check.args.device == "cpu" else "the GPU"}
-    if code != 0 or "passed" not in summary or "skipped" in summary:
-        return "failed", {"reason": f"pytest exit code {code}", **details}
+    skipped = [f"{where}: {reason}" for where, reason in PYTEST_SKIPPED.findall(output)]
+    unexpected = [skip for skip in skipped if check.args.device == "cuda" or not NEEDS_A_GPU.search(skip)]
+    details = {"pytest": summary, "on": "the CPU standing in for the GPU" if check.args.device == "cpu" else "the GPU",
+               "skipped": skipped}
+    if code != 0 or "passed" not in summary or unexpected:
+        return "failed", {"reason": f"pytest exit code {code}" + (f"; skipped: {unexpected}" if unexpected else ""),
+                          **details}
     return "passed", details
 
 

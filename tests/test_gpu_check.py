@@ -226,3 +226,25 @@ def test_the_summary_holds_every_finished_step_while_the_next_one_runs(tmp_path)
         check.log.close()
         os.rmdir(check.work)
     assert seen["seen"] == ["machine"] and seen["md"]
+
+
+@pytest.mark.parametrize("device, reason, status", [
+    ("cpu", "torch's sync debug mode needs CUDA", "passed"),  # tests/test_cuda.py's own reason: expected in a dry run
+    ("cuda", "torch's sync debug mode needs CUDA", "failed"),  # on the GPU every test must run
+    ("cpu", "not on this machine", "failed"),
+])
+def test_a_dry_run_expects_the_cuda_tests_that_need_a_real_gpu_to_be_skipped_and_no_others(tmp_path, device, reason,
+                                                                                             status):
+    tests = tmp_path / "test_some_cuda.py"
+    tests.write_text("import pytest\n\ndef test_runs():\n    pass\n\n"
+                     f"@pytest.mark.skip(reason={reason!r})\ndef test_skipped():\n    pass\n")
+    args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", device])
+    check = gpu_check.Check(args)
+    try:
+        result = gpu_check.step_cuda_tests(check, str(tests))
+    finally:
+        check.log.close()
+        os.rmdir(check.work)
+    assert result[0] == status, result
+    (skipped,) = result[1]["skipped"]
+    assert skipped.endswith(f"{tests.name}:6: {reason}"), skipped  # where (pytest's line of the mark) and why
