@@ -592,6 +592,12 @@ def train_command(check: Check, experiment: str, seconds: float) -> list[str]:
             "--train_dir", os.path.join(check.work, "train"), "--experiment", experiment]
 
 
+def warning_lines(output: str) -> list[str]:
+    """appo.py's own warnings ("warning: ..."), torch's C++ ones ("[W..."), and Python's, which
+    come anywhere in a line ("...: UserWarning: RNN module weights are not part of ...")."""
+    return [line for line in output.splitlines() if line.startswith(("warning", "[W")) or "Warning:" in line]
+
+
 def step_train(check: Check):
     tag = uuid.uuid4().hex
     shm_before = shm_entries()
@@ -612,7 +618,7 @@ def step_train(check: Check):
                "checkpoints": len(checkpoints), "processes_left": survivors, "shm_left": shm_left,
                "status_line": next((l for l in reversed(output.splitlines()) if STATUS.match(l)), "")[:400]}
     kill_tagged(tag)
-    warnings = [line for line in output.splitlines() if line.startswith(("warning", "[W"))]
+    warnings = warning_lines(output)
     if warnings:
         details["warnings"] = warnings[:5]
     problems = [text for bad, text in [

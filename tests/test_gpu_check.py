@@ -248,3 +248,14 @@ def test_a_dry_run_expects_the_cuda_tests_that_need_a_real_gpu_to_be_skipped_and
     assert result[0] == status, result
     (skipped,) = result[1]["skipped"]
     assert skipped.endswith(f"{tests.name}:6: {reason}"), skipped  # where (pytest's line of the mark) and why
+
+
+def test_the_train_step_counts_python_warnings_as_well_as_appos_and_torchs():
+    output = ("training doom_basic on cuda\n"
+              "warning: --batch_size is not a multiple of the rollout\n"
+              "[W1126 17:03:03.571360441 CudaIPCTypes.cpp:16] Producer process has been terminated\n"
+              "/x/torch/nn/modules/rnn.py:1123: UserWarning: RNN module weights are not part of single contiguous "
+              "chunk of memory.\n"
+              "  result = _VF.gru(input, hx)\n"
+              "[     30s] frames 250,000 | no Warning here, and no warning either\n")
+    assert gpu_check.warning_lines(output) == output.splitlines()[1:4]
