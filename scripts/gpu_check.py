@@ -155,9 +155,20 @@ def find_python312(given: str | None) -> str:
     raise SystemExit("error: no Python 3.12 found (the GPU machine's version): name one with --python")
 
 
-def installed_version(name: str) -> str:
-    from importlib.metadata import version
-    return version(name)
+def project_versions(names: list[str]) -> dict[str, str]:
+    """The version of each package in this interpreter (the wheels to fetch are of these versions);
+    SystemExit, with the fix, where one is missing: prepare was run by another Python."""
+    from importlib.metadata import PackageNotFoundError, version
+    versions, missing = {}, []
+    for name in names:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            missing.append(name)
+    if missing:
+        raise SystemExit("error: run prepare with the project's interpreter (the one `pip install -e .[doom,test]` "
+                         f"installed into): {sys.executable} is missing {', '.join(missing)}")
+    return versions
 
 
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
@@ -228,8 +239,9 @@ def prepare(args):
     """Wheels of the GPU machine's platform (CPython 3.12, manylinux x86-64) for the packages it
     lacks, the C++ module built with a Python 3.12 as a fallback for a machine with no compiler,
     Sample Factory's wheels, and the pack of both that travels."""
+    versions = project_versions(CARRIED_PACKAGES)  # before anything is downloaded
     os.makedirs(args.wheels, exist_ok=True)
-    download_wheels([f"{name}=={installed_version(name)}" for name in CARRIED_PACKAGES], args.wheels)
+    download_wheels([f"{name}=={version}" for name, version in versions.items()], args.wheels)
     python = find_python312(args.python)
     with tempfile.TemporaryDirectory() as build_dir:  # pip builds it in isolation, fetching pybind11
         subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "-w", build_dir, REPO], check=True)

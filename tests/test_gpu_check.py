@@ -259,3 +259,19 @@ def test_the_train_step_counts_python_warnings_as_well_as_appos_and_torchs():
               "  result = _VF.gru(input, hx)\n"
               "[     30s] frames 250,000 | no Warning here, and no warning either\n")
     assert gpu_check.warning_lines(output) == output.splitlines()[1:4]
+
+
+def test_prepare_run_by_a_python_without_the_projects_packages_stops_first_and_names_the_fix(tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        gpu_check.project_versions(["gymnasium", "no-such-package-of-gpu-check"])
+    assert str(stopped.value) == ("error: run prepare with the project's interpreter (the one `pip install -e "
+                                  f".[doom,test]` installed into): {sys.executable} is missing "
+                                  "no-such-package-of-gpu-check")
+    assert gpu_check.project_versions(["gymnasium"])["gymnasium"]
+    # this Python without its site-packages (-S): none of the project's packages, and nothing downloaded
+    wheels = tmp_path / "wheels"
+    result = subprocess.run([sys.executable, "-S", os.path.join(REPO, "scripts", "gpu_check.py"), "prepare",
+                             "--wheels", str(wheels), "--sf_wheels", str(tmp_path / "sf"),
+                             "--pack", str(tmp_path / "pack.tar.xz")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "is missing vizdoom, gymnasium, ale-py" in result.stderr, result.stderr
+    assert not wheels.exists()
