@@ -104,9 +104,12 @@ def fake_check(tmp_path, episode_frames=None, sf_python=None, device="cuda", dea
 
 def test_the_bench_steps_legs_and_their_command_lines(tmp_path):
     check = fake_check(tmp_path, episode_frames=24, sf_python="/w/sf_python")
-    assert gpu_check.bench_legs(check, "doom_basic", 1) == (["pure", "pure_episodes", "ours", "sf", "gpu_time"], {})
-    assert gpu_check.bench_legs(check, "doom_basic", 2) == (["ours", "sf"], {})  # pure simulation once
-    assert gpu_check.bench_legs(check, "atari_breakout", 1) == (["pure", "ours", "sf"], {})
+    assert gpu_check.bench_legs(check, "doom_1pw") == (["pure", "ours", "sf"], {})
+    assert gpu_check.bench_legs(check, "doom_2pw") == (["ours", "sf"], {})  # pure simulation once
+    assert gpu_check.bench_legs(check, "atari") == (["pure", "ours", "sf"], {})
+    check.args.extra_legs = ["gpu_time", "pure_episodes"]  # doom_1pw's only, in the bench's order
+    assert gpu_check.bench_legs(check, "doom_1pw") == (["pure", "pure_episodes", "ours", "sf", "gpu_time"], {})
+    assert gpu_check.bench_legs(check, "doom_2pw") == (["ours", "sf"], {})
     command = gpu_check.bench_command(check, "doom_basic", ["pure", "pure_episodes", "ours", "sf"], 2, "/w/p.json")
     flags = {flag: command[i + 1] for i, flag in enumerate(command[:-1]) if flag.startswith("--")}
     assert flags["--policy_workers_per_policy"] == "2" and flags["--pure_episode_frames"] == "24"
@@ -114,10 +117,13 @@ def test_the_bench_steps_legs_and_their_command_lines(tmp_path):
     assert flags["--partial"] == "/w/p.json" and flags["--sf_first_line_s"] == "60"
     assert command[-3:] == ["--", "--device", "cuda"]
     bare = fake_check(tmp_path)
-    legs, left_out = gpu_check.bench_legs(bare, "doom_basic", 1)
-    assert legs == ["pure", "ours", "gpu_time"]
+    bare.args.extra_legs = ["pure_episodes"]
+    legs, left_out = gpu_check.bench_legs(bare, "doom_1pw")
+    assert legs == ["pure", "ours"]
     assert "no episode length" in left_out["pure_episodes"] and "no Sample Factory wheels" in left_out["sf"]
     assert "--sf_python" not in gpu_check.bench_command(bare, "doom_basic", legs, 1, "/w/p.json")
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["plan", "--extra_legs", "ours_fp32"])
 
 
 def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
@@ -125,12 +131,30 @@ def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
     check = gpu_check.Check(args)
     try:
         ran = []
-        check.step("atari", lambda: ran.append(1) or ("passed", {}), expected_s=170)
-        check.step("doom_2pw", lambda: ran.append(2) or ("passed", {}), expected_s=150)
+        check.step("atari", lambda: ran.append(1) or ("passed", {}), expected_s=110)
+        check.step("doom_2pw", lambda: ran.append(2) or ("passed", {}), expected_s=90)
     finally:
         check.log.close()
-    assert ran == [2]  # 150 s ends within a minute of the deadline; 170 s would not
-    assert check.results[0]["status"] == "skipped" and "expected to take about 170 s" in check.results[0]["reason"]
+        os.rmdir(check.work)
+    assert ran == [2]  # 90 s ends before the deadline; 110 s would not
+    assert check.results[0]["status"] == "skipped" and "expected to take about 110 s" in check.results[0]["reason"]
+
+
+def test_the_plan_for_one_lent_call_runs_the_steps_by_value_and_starts_none_that_would_end_past_the_deadline():
+    args = gpu_check.parse_args(["plan"])
+    assert (args.train_seconds, args.bench_warmup, args.bench_seconds, args.deadline_s) == (30, 8, 12, 480)
+    rows = [line.split() for line in gpu_check.plan(args).splitlines()[1:]]
+    assert [row[0] for row in rows] == ["packages", "machine", "build", "sample_factory", "cuda_tests", "train",
+                                        "sigkill", "eval", "doom_1pw", "doom_2pw", "micro_policy", "micro_learner",
+                                        "atari"]
+    started = [(row[0], float(row[1]), float(row[2])) for row in rows if row[1] != "-"]
+    assert started[0][1] == 0 and all(end < 480 for _, _, end in started)
+    assert all(a[2] == b[1] for a, b in zip(started, started[1:]))  # one after the other
+    assert dict((step, end - start) for step, start, end in started)["train"] == 30 + gpu_check.OURS_STOP_S
+    assert [row for row in rows if row[0] == "doom_1pw"][0][-1] == "pure,ours,sf"
+    skipped = [row for row in rows if row[1] == "-"]
+    assert all(" ".join(row[3:]).startswith("would not start") for row in skipped)
+    assert gpu_check.expected_seconds(args, "atari") == gpu_check.bench_seconds(args, ["pure", "ours", "sf"])
 
 
 def test_the_check_reads_the_eval_length_and_the_scripts_json():
@@ -189,16 +213,18 @@ def test_a_command_past_its_time_is_stopped_with_every_process_it_started_in_any
     assert not process_running(child)
 
 
-def test_a_bench_that_fails_part_way_fails_its_step_with_the_figures_of_the_legs_that_finished(tmp_path):
+def test_a_bench_that_fails_part_way_fails_its_step_with_the_figures_of_the_legs_that_finished(tmp_path,
+                                                                                                 monkeypatch):
     """bench_throughput on CartPole with pure, ours and sf: Sample Factory has no launcher for a gym:
     env, so the bench ends with an error in its third leg, after the other two."""
     args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", "cpu", "--num_workers", "1",
                                  "--num_envs_per_worker", "2", "--bench_seconds", "1", "--bench_warmup", "0",
                                  "--report_every", "1"])
+    monkeypatch.setitem(gpu_check.BENCH_STEPS, "cartpole", ("gym:CartPole-v1", 1))
     check = gpu_check.Check(args)
     check.sf_python = sys.executable  # an executable, so the bench takes it and fails at the leg
     try:
-        status, details = gpu_check.step_bench(check, "gym:CartPole-v1", 1)
+        status, details = gpu_check.step_bench(check, "cartpole")
     finally:
         check.log.close()
         shutil.rmtree(check.work)
