@@ -17,6 +17,7 @@ from conftest import processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+import bench_learner  # noqa: E402
 import bench_throughput as bench  # noqa: E402
 import cpu_accounting  # noqa: E402
 
@@ -359,3 +360,21 @@ def test_a_sample_factory_that_never_trains_is_stopped_at_its_first_line_limit_w
     assert result["fps"] is None and result["error"] == "no training FPS line within 2 s of its launch: stopped"
     child = int(next(line for line in result["log_tail"] if line.startswith("child ")).split()[1])
     assert not process_running(child)
+
+
+def test_the_learner_benchmarks_batch_ends_episodes_as_a_trained_doom_basic_agent_does():
+    """Every --episode_steps (6) steps, each trajectory at its own phase: the learner's recurrent core
+    (on a GPU, over the rollout cut at episode ends) is timed at the segments training gives it."""
+    from gymnasium import spaces
+    cfg = appo.parse_args(["--env", "doom_basic", "--rollout", "32", "--device", "cpu"])
+    doom_basic = (spaces.Box(0, 255, (3, 72, 128), np.uint8), spaces.Discrete(4))
+    slots = appo.RolloutSlots(appo.rollout_buffer_specs(*doom_basic, cfg), num_slots=16, rollout=32, num_workers=1,
+                              num_splits=1)
+    bench_learner.fill_randomly(slots, appo.ActorCritic(*doom_basic, cfg))
+    done = slots.arrays["done"]  # [trajectory, T+1]
+    ends = [np.flatnonzero(row) for row in done]
+    assert all(row[0] < 6 and (np.diff(row) == 6).all() and len(row) >= 5 for row in ends), ends
+    assert len({row[0] for row in ends}) > 1  # not every trajectory at the same phase
+    plan = appo.rnn_segments(done[:, :-1].T)  # the T steps that train, [T, B]
+    assert plan.max_len == 6 and plan.num_segments >= 16 * 32 // 6
+    assert bench_learner.parse_args([]).episode_steps == bench_learner.EPISODE_STEPS == 6
