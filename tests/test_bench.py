@@ -18,6 +18,7 @@ from conftest import processes_still_tagged, processes_tagged
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import bench_learner  # noqa: E402
+import bench_policy_worker  # noqa: E402
 import bench_throughput as bench  # noqa: E402
 import cpu_accounting  # noqa: E402
 
@@ -275,6 +276,15 @@ def test_the_policy_worker_benchmark_splits_act_on_into_the_forward_and_the_rest
     row = result["results"][0]
     assert row["batch"] == 8 and row["iterations"] >= 20
     assert 0 < row["forward_us"] < row["act_on_us"] and row["outside_us"] > 0
+    assert result["clock"] == row["clock"] == "thread CPU time"  # on the CPU: what the path costs this thread
+    assert bench_policy_worker.table({"here": [result]}).startswith("µs per sample by the thread CPU time")
+
+
+def test_the_policy_worker_benchmark_times_a_gpu_by_the_wall_clock():
+    """On a GPU a wait on a CUDA event spins the thread: its CPU time would count the GPU's time as work."""
+    assert bench_policy_worker.clock_of("cuda") == (time.perf_counter, "wall clock")
+    assert bench_policy_worker.clock_of("cuda:1") == (time.perf_counter, "wall clock")
+    assert bench_policy_worker.clock_of("cpu") == (time.thread_time, "thread CPU time")
 
 
 DIES_AT_STARTUP = "gym:dies_at_startup_env:DiesAtStartup-v0"
