@@ -6,8 +6,10 @@ GPU, and the host synchronisations in one step, on an env's own model.
     python scripts/bench_learner.py --device cpu --seconds 2 --json
 
 The batch comes from shared rollout slots filled with random data and goes through
-`Learner.take_batch`, as in training; every step after the warm-up trains on that same batch.
-Reported:
+`Learner.take_batch`, as in training; every step after the warm-up trains on that same batch. Its
+episodes end every --episode_steps steps, a trained doom_basic agent's (each trajectory at its own
+phase), so that the learner's recurrent core, which on a GPU runs over the rollout cut at episode
+ends, is timed at the number of segments training gives it. Reported:
 
   wall_ms_per_step     the wall clock over many steps, divided by their number (on a GPU the
                        queue is drained once at the end, not after each step, as in training)
@@ -39,6 +41,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import appo  # noqa: E402
 
 
+# A trained doom_basic agent's episode, in agent steps: it scores about 80 (the H200's train step
+# 80.6, its evaluations 79.0-82.2) and basic.cfg gives +101 for the kill and -1 a tic, so an episode
+# lasts about 21 tics (fewer after a missed shot's -5), some 6 steps at the Doom family's frameskip 4.
+EPISODE_STEPS = 6
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -49,6 +57,9 @@ def parse_args(argv=None):
     parser.add_argument("--seconds", type=float, default=5.0, help="timed seconds of steps (at least --min_steps)")
     parser.add_argument("--min_steps", type=int, default=5, help="timed steps at least")
     parser.add_argument("--warmup_steps", type=int, default=3, help="untimed steps first (cuDNN tuning, allocator)")
+    parser.add_argument("--episode_steps", type=int, default=EPISODE_STEPS,
+                        help="every trajectory's episodes end this many steps apart (default: a trained doom_basic "
+                             "agent's)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("trainer_flags", nargs="*", help="after --: more appo.py flags (model, precision)")
     return parser.parse_args(argv)
@@ -68,8 +79,9 @@ def make_learner(cfg, spaces_pair, reward_shaping):
     return appo.Learner(0, cfg, shared, spaces_pair), slots
 
 
-def fill_randomly(slots, model, seed: int = 0):
-    """Random observations and actions the action heads can take; every step valid, few episode ends."""
+def fill_randomly(slots, model, seed: int = 0, episode_steps: int = EPISODE_STEPS):
+    """Random observations and actions the action heads can take; every step valid, an episode end
+    every `episode_steps` steps of each trajectory, at a random phase."""
     generator = torch.Generator().manual_seed(seed)
     tensors = slots.tensors
     for key in model.encoders:
@@ -81,7 +93,10 @@ def fill_randomly(slots, model, seed: int = 0):
         tensors["actions"][..., head].copy_(torch.randint(0, size, tensors["actions"].shape[:2], generator=generator))
     tensors["log_prob"].fill_(-1.0)
     tensors["reward"].copy_(torch.randn(tensors["reward"].shape, generator=generator))
-    tensors["done"].copy_((torch.rand(tensors["done"].shape, generator=generator) < 0.01).to(tensors["done"].dtype))
+    num_slots, steps = tensors["done"].shape
+    phase = torch.randint(0, episode_steps, (num_slots, 1), generator=generator)
+    ends = (torch.arange(steps) + phase) % episode_steps == episode_steps - 1
+    tensors["done"].copy_(ends.to(tensors["done"].dtype))
     tensors["valid"].fill_(1.0)
 
 
@@ -142,14 +157,14 @@ def time_calls(function, seconds: float, min_calls: int, cuda: bool) -> dict:
 
 
 def time_train_step(cfg, spaces_pair, reward_shaping, seconds: float, min_steps: int = 5,
-                    warmup_steps: int = 3) -> dict:
+                    warmup_steps: int = 3, episode_steps: int = EPISODE_STEPS) -> dict:
     """train_step on cfg's model and batch: the figures of the module docstring."""
     cuda = torch.device(cfg.device).type == "cuda"
     result = {}
     with tempfile.TemporaryDirectory() as train_dir:
         cfg.train_dir = train_dir  # nothing to resume
         learner, slots = make_learner(cfg, spaces_pair, reward_shaping)
-        fill_randomly(slots, learner.model)
+        fill_randomly(slots, learner.model, episode_steps=episode_steps)
         taken = [slots.control.acquire(0, timeout=1.0) for _ in range(appo.trajectories_per_batch(cfg))]
         started = time.perf_counter()
         batch = learner.take_batch(taken)
@@ -184,10 +199,10 @@ def measure(args) -> dict:
     probe = appo.probe_env(cfg)
     result = {"env": args.env, "device": cfg.device, "batch_size": cfg.batch_size, "rollout": cfg.rollout,
               "sgd_steps_per_train_step": cfg.num_epochs * cfg.num_batches_per_epoch,
-              "encoder_dtype": cfg.encoder_dtype, "torch": torch.__version__,
+              "encoder_dtype": cfg.encoder_dtype, "episode_steps": args.episode_steps, "torch": torch.__version__,
               "gpu": torch.cuda.get_device_name(0) if cuda else None}
     result.update(time_train_step(cfg, probe.spaces, probe.reward_shaping, args.seconds, args.min_steps,
-                                  args.warmup_steps))
+                                  args.warmup_steps, args.episode_steps))
     return result
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""CPU time per sample of the policy worker's batch path (PolicyWorker.act_on) on doom_basic's
-model, split into the forward pass (appo.act) and everything around it: the staleness checks,
-the gather of observations and RNN states, the copies and the scatter of the outputs.
+"""Time per sample of the policy worker's batch path (PolicyWorker.act_on) on doom_basic's model,
+split into the forward pass (appo.act) and everything around it: the staleness checks, the
+gather of observations and RNN states, the copies and the scatter of the outputs. On the CPU
+it is this thread's CPU time; with --device cuda the wall clock (every result says which).
 
     python scripts/bench_policy_worker.py                          # this tree, one table
     python scripts/bench_policy_worker.py --tree /tmp/before       # another checkout's appo.py
@@ -9,10 +10,12 @@ the gather of observations and RNN states, the copies and the scatter of the out
 
 A real PolicyWorker on real shared slots, without an env: the slots hold random frames, and
 each iteration asks for the actions of every (worker, split) as the rollout workers do, through
-a real appo_ipc.Queue. `act` is wrapped with a CPU clock, so the forward's share is measured in
-the same call as the rest (no second, differently noisy call). CPU time of this thread
-(time.thread_time, torch on one thread as in a policy worker) counts what the path costs, not
-what other processes on the machine take from it.
+a real appo_ipc.Queue. `act` is wrapped with the same clock, so the forward's share is measured
+in the same call as the rest (no second, differently noisy call). On the CPU, CPU time of this
+thread (time.thread_time, torch on one thread as in a policy worker) counts what the path costs,
+not what other processes on the machine take from it. On a GPU that time would count waiting
+too: a wait on a CUDA event or a host read spins this thread's core, so the wall clock is the
+honest figure there (it includes the GPU's own time for the forward pass).
 
 The request format is found at run time (appo.action_request exists from the batch path on), so
 the same file measures a commit before and after. --compare runs the trees in turn, round after
@@ -49,19 +52,24 @@ def requests_of_split(appo, worker: int, split: int, generation: int, actors) ->
     return [(worker, split, generation, actor.slot, actor.step) for actor in actors]
 
 
-class Forwards:
-    """appo.act with a CPU clock around it: act_on looks it up in the module at every call."""
+def clock_of(device: str):
+    """The clock a device's figures are read from, and its name (the module docstring says why)."""
+    return (time.perf_counter, "wall clock") if device.startswith("cuda") else (time.thread_time, "thread CPU time")
 
-    def __init__(self, appo):
-        self.act, self.seconds = appo.act, 0.0
+
+class Forwards:
+    """appo.act with `clock` around it: act_on looks it up in the module at every call."""
+
+    def __init__(self, appo, clock):
+        self.act, self.clock, self.seconds = appo.act, clock, 0.0
         appo.act = self
 
     def __call__(self, *args):
-        start = time.thread_time()
+        start = self.clock()
         try:
             return self.act(*args)
         finally:
-            self.seconds += time.thread_time() - start
+            self.seconds += self.clock() - start
 
 
 def measure(appo, batch: int, seconds: float, device: str, train_dir: str) -> dict:
@@ -92,7 +100,8 @@ def measure(appo, batch: int, seconds: float, device: str, train_dir: str) -> di
             splits.append((worker, split, actors))
     policy_worker = appo.PolicyWorker(0, cfg, shared, doom_basic)
     policy_worker.load_latest_weights()
-    forwards = Forwards(appo)
+    clock, clock_name = clock_of(device)
+    forwards = Forwards(appo, clock)
     rows, spent = [], 0.0
     for iteration in itertools.count():
         if iteration >= 3 + MIN_ITERATIONS and spent >= seconds:
@@ -101,13 +110,13 @@ def measure(appo, batch: int, seconds: float, device: str, train_dir: str) -> di
         for worker, split, actors in splits:
             generation = slots.control.set_pending(worker, split, len(actors))
             messages += requests_of_split(appo, worker, split, generation, actors)
-        start = time.thread_time()
+        start = clock()
         shared.request_queues[0].put_many(messages)
         taken = shared.request_queues[0].get_many()
-        queued = time.thread_time()
+        queued = clock()
         forwards.seconds = 0.0
         policy_worker.act_on(taken)
-        acted = time.thread_time()
+        acted = clock()
         if any(slots.control.pending(worker, split) != 0 for worker, split, _ in splits):
             raise SystemExit("act_on left requests unanswered: the benchmark is not what the trainer does")
         if iteration >= 3:  # 3 to warm up
@@ -117,7 +126,7 @@ def measure(appo, batch: int, seconds: float, device: str, train_dir: str) -> di
     for q in shared.request_queues + shared.learner_queues + [shared.stats_queue]:
         q.close()
     per_sample = lambda values: 1e6 * statistics.median(values) / batch
-    return {"batch": batch, "iterations": len(rows),
+    return {"batch": batch, "iterations": len(rows), "clock": clock_name,
             "queue_us": per_sample([r[0] for r in rows]),
             "act_on_us": per_sample([r[1] for r in rows]),
             "forward_us": per_sample([r[2] for r in rows]),
@@ -138,7 +147,7 @@ def run_tree(tree: str, batches: list[int], seconds: float, device: str) -> dict
         for batch in batches:
             results.append(measure(appo, batch, seconds, device, train_dir))
     return {"tree": os.path.abspath(tree), "commit": commit_of(tree), "appo": appo.__file__, "device": device,
-            "results": results}
+            "clock": clock_of(device)[1], "results": results}
 
 
 def table(runs_by_tree: dict[str, list[dict]]) -> str:
@@ -146,7 +155,9 @@ def table(runs_by_tree: dict[str, list[dict]]) -> str:
     tree's time outside the forward to the second's."""
     trees = list(runs_by_tree)
     columns = ["queue_us", "act_on_us", "forward_us", "outside_us"]
-    lines = ["| tree | commit | batch | queue put+take µs/sample | act_on µs/sample | forward µs/sample | "
+    clocks = sorted({runs[0]["clock"] for runs in runs_by_tree.values()})
+    lines = [f"µs per sample by the {' and '.join(clocks)}", "",
+             "| tree | commit | batch | queue put+take µs/sample | act_on µs/sample | forward µs/sample | "
              "outside the forward µs/sample | rounds |", "|---|---|---|---|---|---|---|---|"]
     medians = {}
     for tree, runs in runs_by_tree.items():
@@ -174,8 +185,10 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=BATCHES,
                         help=f"multiples of {2 * ENVS_PER_SPLIT} (whole workers of two splits)")
     parser.add_argument("--seconds", type=float, default=3.0,
-                        help=f"CPU seconds of act_on a batch size (at least {MIN_ITERATIONS} batches)")
-    parser.add_argument("--device", default="cpu", help="the policy worker's (on a GPU: CPU time still)")
+                        help=f"seconds of act_on a batch size, by the device's clock (at least {MIN_ITERATIONS} "
+                             "batches)")
+    parser.add_argument("--device", default="cpu",
+                        help="the policy worker's; cuda: times by the wall clock, not this thread's CPU time")
     parser.add_argument("--json", action="store_true", help="one run's results as JSON (what --compare reads)")
     parser.add_argument("--out", help="with --compare: write every run and the table here (JSON)")
     args = parser.parse_args()

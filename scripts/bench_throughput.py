@@ -32,7 +32,8 @@ what Sample Factory's "Fps is" line counts), the frames trained between the firs
 before it is stopped, over the seconds between them; neither writes
 checkpoints during the run. The table gives ours/pure sim, ours/pure episodes, ours/SF and
 ours_fp32/SF (like for like). `--json` prints
-the same figures as JSON; `--sweep 2,4,8` repeats everything for several envs per worker and
+the same figures as JSON, and `--partial FILE` rewrites FILE with them after every leg (the legs
+measured so far: what is left when the bench is stopped part-way); `--sweep 2,4,8` repeats everything for several envs per worker and
 `--plot` draws FPS against the number of envs (the paper's Figure 3). Every leg runs for
 `--seconds` (after `--warmup` for the trainers); `--repeats N` runs each leg N times and reports
 medians. Nothing is left running or in /dev/shm afterwards.
@@ -72,6 +73,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEGS = ["pure", "pure_episodes", "gpu_time", "ours", "ours_fp32", "sf"]
 RENAMED_LEGS = {"ceiling": "gpu_time"}  # it bounded nothing: the model's stages run in different processes
 NO_CHECKPOINTS = ["--save_every_sec", "100000"]  # both trainers: no checkpoint during a measurement
+FIRST_LINE_S = 180.0  # a trainer that has not trained by then is stopped (VizDoom's first start is slow)
 
 
 def parse_args():
@@ -104,10 +106,16 @@ def parse_args():
                              "batch from the same run, if its status line gives one")
     parser.add_argument("--sf_python", default=None,
                         help="interpreter of a Sample Factory 2.1.1 environment; without it the sf leg is skipped")
+    parser.add_argument("--sf_first_line_s", type=float, default=FIRST_LINE_S,
+                        help="the sf leg stops, with no figure and the reason, when Sample Factory has printed no "
+                             "training FPS line (a non-nan 'Fps is') this many seconds after its launch")
     parser.add_argument("--sweep", default=None,
                         help="comma-separated envs-per-worker values: one row per value")
     parser.add_argument("--plot", default=None, help="PNG of FPS against the number of envs (needs matplotlib)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--partial", default=None,
+                        help="rewrite this file (JSON, as --json prints it) after every leg with the legs measured "
+                             "so far: what a caller reads when the bench is killed or fails part-way")
     parser.add_argument("--out", default=None,
                         help="also write a result file (JSON): the figures, the command, and the commit of the "
                              "code and bench that made them, with any uncommitted file named")
@@ -365,12 +373,15 @@ def trained_frames_of_ours(line: str) -> int:
 
 
 def run_logged_until(command: list[str], seconds_after_start: float, started, cwd: str = REPO,
-                     env: dict | None = None, on_line=None) -> list[tuple[float, str]]:
+                     env: dict | None = None, on_line=None,
+                     first_line_s: float = FIRST_LINE_S) -> tuple[list[tuple[float, str]], int | None]:
     """Runs `command` in its own process group and returns its output as (seconds since launch,
-    line) pairs; stops it `seconds_after_start` after the first line for which started(line) holds
-    (or 180 s later if none comes), so that every trainer's warm-up counts from the same event.
-    `on_line(process, line)`, if given, is called as each line arrives (scripts/cpu_accounting.py
-    reads /proc then). Whatever the command leaves behind (processes, VizDoom's /dev/shm files) is removed."""
+    line) pairs, and its exit code if it ended by itself (None: stopped here). Stops it
+    `seconds_after_start` after the first line for which started(line) holds, so that every
+    trainer's warm-up counts from the same event, or `first_line_s` after launch if none has come
+    by then. `on_line(process, line)`, if given, is called as each line arrives
+    (scripts/cpu_accounting.py reads /proc then). Whatever the command leaves behind (processes,
+    VizDoom's /dev/shm files) is removed."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True, env=env)
     lines, launch, start = [], time.monotonic(), [None]
@@ -387,21 +398,29 @@ def run_logged_until(command: list[str], seconds_after_start: float, started, cw
     reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     try:
-        while process.poll() is None:
+        while (exit_code := process.poll()) is None:
             now = time.monotonic() - launch
-            if (start[0] is not None and now > start[0] + seconds_after_start) or now > 180 + seconds_after_start:
+            if now > (first_line_s if start[0] is None else start[0] + seconds_after_start):
                 break
             time.sleep(0.2)
-        process.terminate()  # appo.py saves and stops; Sample Factory needs its group killed
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
+        if exit_code is None:
+            process.terminate()  # appo.py saves and stops; Sample Factory needs its group killed
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
     finally:
         appo.kill_process_group(process.pid)
         process.wait()
         reader.join(timeout=5)
-    return lines
+    return lines, exit_code
+
+
+def no_start(what: str, exit_code: int | None, first_line_s: float) -> str:
+    """Why a trainer's leg has no figure when its first `what` never came."""
+    if exit_code is None:
+        return f"no {what} within {first_line_s:g} s of its launch: stopped"
+    return f"{exit_reason(exit_code)} before its first {what}"
 
 
 def steady_windows(values: list[float]) -> dict:
@@ -456,7 +475,8 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
     Factory's; it trains until warm-up and measurement are over, counted from its first trained frames."""
     with tempfile.TemporaryDirectory() as train_dir:
         command = ours_command(args, [*flags, *extra_flags], train_dir, args.report_every)
-        lines = run_logged_until(command, args.warmup + args.seconds + args.report_every, started=trained_frames_of_ours)
+        lines, exit_code = run_logged_until(command, args.warmup + args.seconds + args.report_every,
+                                            started=trained_frames_of_ours, first_line_s=FIRST_LINE_S)
     fps, busy, lags, batches, points = [], [], [], [], []
     start = next((when for when, line in lines if trained_frames_of_ours(line)), None)
     for when, line in lines:
@@ -476,6 +496,8 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
     result = measured_fps(fps, points)
     if not fps:
         result["log_tail"] = [line for _, line in lines[-15:]]
+    if start is None:
+        result["error"] = no_start("status line with frames trained", exit_code, FIRST_LINE_S)
     if busy:
         result["busy_percent"] = dict(zip(["env", "inference", "learner"], np.median(busy, axis=0).tolist()))
     result["lag_avg"] = statistics.median(lags) if lags else None
@@ -546,10 +568,12 @@ def semaphores_removed():
 
 def measure_sample_factory(args, flags: list[str]) -> dict:
     """Sample Factory's own FPS line (frames its learner trained, over 10 s). Its
-    `--train_for_seconds` never stops a run: it is stopped here after warm-up and measurement."""
+    `--train_for_seconds` never stops a run: it is stopped here after warm-up and measurement, or
+    --sf_first_line_s after launch if it has not trained by then (the result's "error" says so)."""
     with semaphores_removed(), tempfile.TemporaryDirectory() as train_dir:
-        lines = run_logged_until(sample_factory_command(args, flags, train_dir), args.warmup + args.seconds + 10,
-                                 started=sf_reports_training, cwd=train_dir)
+        lines, exit_code = run_logged_until(sample_factory_command(args, flags, train_dir),
+                                            args.warmup + args.seconds + 10, started=sf_reports_training,
+                                            cwd=train_dir, first_line_s=args.sf_first_line_s)
     first_fps = next((when for when, line in lines if sf_reports_training(line)), None)
     fps, last_time, points = [], None, []
     for when, line in lines:
@@ -564,6 +588,8 @@ def measure_sample_factory(args, flags: list[str]) -> dict:
     result = measured_fps(fps, points)
     if not fps:
         result["log_tail"] = [line for _, line in lines[-15:]]
+    if first_fps is None:
+        result["error"] = no_start("training FPS line", exit_code, args.sf_first_line_s)
     return result
 
 
@@ -598,7 +624,8 @@ def leg_precision(args, flags: list[str]) -> dict:
     return {"ours": f"{ours} encoder", "gpu_time": f"{ours} encoder", "ours_fp32": "float32 encoder", "sf": "float32"}
 
 
-def measure_configuration(args, envs_per_worker: int) -> dict:
+def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
+    """Every leg of one configuration; on_leg(result so far), if given, after each leg ends."""
     flags = trainer_config(args, envs_per_worker)
     runs = {leg: [] for leg in args.legs}
     for repeat in range(args.repeats):
@@ -621,8 +648,17 @@ def measure_configuration(args, envs_per_worker: int) -> dict:
             else:
                 runs[leg].append(measure_sample_factory(args, flags))
             if runs[leg][-1].get("log_tail"):
-                print(f"warning: {leg}: no steady FPS in its log; its last lines:\n  " +
+                print(f"warning: {leg}: no steady FPS in its log ({runs[leg][-1].get('error', 'too few reports after the warm-up')}); "
+                      "its last lines:\n  " +
                       "\n  ".join(runs[leg][-1]["log_tail"]), file=sys.stderr)
+            if on_leg:
+                on_leg(configuration_result(args, envs_per_worker, flags, runs))
+    return configuration_result(args, envs_per_worker, flags, runs)
+
+
+def configuration_result(args, envs_per_worker: int, flags: list[str], runs: dict[str, list[dict]]) -> dict:
+    """One configuration's figures from the runs of the legs measured so far (the others left out)."""
+    runs = {leg: leg_runs for leg, leg_runs in runs.items() if leg_runs}
     fps = {leg: median_or_none([run["fps"] for run in runs.get(leg, [])]) for leg in LEGS}
     result = {"env": args.env, "num_workers": args.num_workers, "num_envs": args.num_workers * envs_per_worker,
               "precision": leg_precision(args, flags),
@@ -762,6 +798,18 @@ def comparison_table(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+def json_output(args, results: list[dict]) -> dict | list[dict]:
+    """What --json prints: one configuration's figures, or a list of them for a sweep of several."""
+    return results[0] if len(args.envs_per_worker) == 1 else results
+
+
+def write_atomically(path: str, text: str):
+    """A reader sees the old file or the new one, never half of one (the bench may be killed mid-write)."""
+    with open(path + ".part", "w") as f:
+        f.write(text)
+    os.replace(path + ".part", path)
+
+
 def main():
     if "--report" in sys.argv:  # before parse_args: a report needs no env or trainer
         paths = list(itertools.takewhile(lambda arg: not arg.startswith("--"), sys.argv[sys.argv.index("--report") + 1:]))
@@ -780,7 +828,14 @@ def main():
     if error:
         raise SystemExit(f"error: --env: {error}")
     shm_before = set(os.listdir("/dev/shm"))
-    results = [measure_configuration(args, envs_per_worker) for envs_per_worker in args.envs_per_worker]
+    results = []
+
+    def write_partial(current: dict):
+        if args.partial:
+            write_atomically(args.partial, json.dumps(json_output(args, results + [current]), indent=1))
+
+    for envs_per_worker in args.envs_per_worker:
+        results.append(measure_configuration(args, envs_per_worker, on_leg=write_partial))
     leaked = set(os.listdir("/dev/shm")) - shm_before
     if leaked:
         print(f"warning: left in /dev/shm: {sorted(leaked)}", file=sys.stderr)
@@ -790,7 +845,7 @@ def main():
         with open(args.out, "w") as f:
             json.dump({"provenance": provenance(args), "results": results}, f, indent=1)
     if args.json:
-        print(json.dumps(results[0] if len(results) == 1 else results, indent=1))
+        print(json.dumps(json_output(args, results), indent=1))
     else:
         print(format_table(results))
 

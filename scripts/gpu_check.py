@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""The whole GPU check in one command: does appo.py's --device cuda path work on this machine, where
-does a training step's time go, and how fast does it train next to pure simulation and Sample Factory.
+"""The whole GPU check in one command: does appo.py's --device cuda path work on this machine, how
+fast does it train next to pure simulation and Sample Factory, and where does a step's time go.
 
     python scripts/gpu_check.py prepare              # here: wheels for the GPU machine, packed into .whl-pack/
+    python scripts/gpu_check.py plan                 # here: when each step would start and end (runs nothing)
     python3 scripts/gpu_check.py run --out OUT       # there: the check, results in OUT/
     python scripts/gpu_check.py run --device cpu --out /tmp/gpu_check   # a dry run with no GPU
 
-`run` does these steps in order, each timed, each recorded as passed, failed or skipped (with the
-reason) in OUT/summary.md and OUT/summary.json, every command's output in OUT/steps.log:
+`run` does these steps in this order (by value: a lent GPU call has one try), each timed, each
+recorded as passed, failed or skipped (with the reason) in OUT/summary.md and OUT/summary.json,
+rewritten after every step, every command's output in OUT/steps.log:
 
   packages       unpacks --pack (if it exists) and installs its wheels (or those of --wheels) into a
                  folder of its own on PYTHONPATH: the GPU machine has torch but no VizDoom and reaches
@@ -21,23 +23,26 @@ reason) in OUT/summary.md and OUT/summary.json, every command's output in OUT/st
                  across devices (a dry run runs them with the CPU in the GPU's place)
   train          doom_basic for --train_seconds with the family's defaults: frames trained per
                  second, the score reached; a clean stop must leave no process and nothing in /dev/shm
-  sigkill        SIGKILLs a training run's runner: which processes outlive it by 30 s, and what it
-                 leaves in /dev/shm (both removed afterwards)
+  sigkill        SIGKILLs a training run's runner 5 s after it first trained: which processes
+                 outlive it by 30 s, and what it leaves in /dev/shm (both removed afterwards)
   eval           plays the train step's checkpoint with --mode eval on --device; its mean episode
                  length is where the pure_episodes leg cuts episodes (unless --pure_episode_frames)
+  doom_1pw       scripts/bench_throughput.py on doom_basic at every core with one policy worker per
+                 policy: pure simulation (random actions), ours, Sample Factory (same flags, SGD work,
+                 policy workers, on the GPU); --extra_legs adds pure_episodes (episodes cut at the
+                 eval's length) and gpu_time (the forward pass at ours' mean batch and the learner's
+                 step, timed apart)
+  doom_2pw       ours and Sample Factory with two policy workers per policy
   micro_policy   scripts/bench_policy_worker.py --device, where this tree has it
   micro_learner  scripts/bench_learner.py: ms per learner train_step, wall clock and GPU, and host
                  syncs per step, on doom_basic's model at batch 512
-  doom_1pw       scripts/bench_throughput.py on doom_basic with one policy worker per policy: pure
-                 simulation (random actions; and episodes cut at the eval's length), ours, Sample
-                 Factory (same flags, SGD work, policy workers, on the GPU), gpu_time (the forward
-                 pass at ours' mean batch and the learner's step, timed apart)
-  doom_2pw       ours and Sample Factory with two policy workers per policy
   atari          atari_breakout at its synchronous defaults: pure simulation, ours, Sample Factory
 
-The exit code is 0 when no step failed. The defaults take about 8 minutes on 16 cores; a call on
-the GPU machine is limited to 10, so `run` starts no step past --deadline_s (nor one expected to
-end more than a minute after it), and --steps reruns only some.
+The exit code is 0 when no step failed. A call on the GPU machine is limited to 10 minutes, so a
+step starts only if it is expected to end before --deadline_s (EXPECTED_S: the H200's step times,
+and estimates where a step has not run there; `plan` prints them under the flags given); a command
+still running a minute past it gets SIGTERM, then SIGKILL with every process it started. A bench
+step stopped part-way keeps the figures of the legs that finished. --steps reruns only some steps.
 """
 import argparse
 import glob
@@ -77,9 +82,34 @@ DEFAULT_PACK = os.path.join(REPO, ".whl-pack", "gpu_wheels.tar.xz")
 STATUS = re.compile(r"^\[ *(\d+)s\] frames ")
 TRAINED = re.compile(r"trained ([\d,]+)")
 RETURN = re.compile(r"avg return (-?[\d.]+) \((\d+) ep\)")
-STEPS = ["cuda_tests", "train", "sigkill", "eval", "micro_policy", "micro_learner", "doom_1pw", "doom_2pw", "atari"]
 ALWAYS = ["packages", "machine", "build", "sample_factory"]
+# by value: does the GPU path work, then throughput (the 1 against 2 policy workers question), then
+# where a step's time goes, and atari last
+STEPS = ["cuda_tests", "train", "sigkill", "eval", "doom_1pw", "doom_2pw", "micro_policy", "micro_learner", "atari"]
+BENCH_STEPS = {"doom_1pw": ("doom_basic", 1), "doom_2pw": ("doom_basic", 2), "atari": ("atari_breakout", 1)}
+EXTRA_LEGS = ["pure_episodes", "gpu_time"]  # doom_1pw's, with --extra_legs
+LEG_ORDER = ["pure", "pure_episodes", "ours", "sf", "gpu_time"]  # bench_throughput's (gpu_time times ours' batch)
+# Seconds a step takes on the lent H200 (16 cores): its runs' step times (docs/bench/gpu_check/h200_*)
+# where it ran, else estimates. A step starts only if it is expected to end before --deadline_s.
+EXPECTED_S = {
+    "packages": 12,  # 1-2 s for our wheels; Sample Factory's are about as many again, and the pack is unpacked
+    "machine": 6, "build": 14,
+    "sample_factory": 10,  # importing Sample Factory's stack and torch through its wrapper
+    "cuda_tests": 65,  # 44 s for 10 tests there; 14 now
+    "sigkill": 35,  # 37 s there, killed 10 s after it first trained; 5 s now
+    "eval": 8,  # 5-6 s there
+    "micro_policy": 20, "micro_learner": 30,  # never ran there: three batch sizes; a 5-s timing, then the profiler
+}
+OURS_FIRST_TRAINED_S = 15  # appo.py there: launch to its first status line with frames trained (16 s)
+OURS_STOP_S = 7  # there --train_for_seconds 30 took 37 s: its clock starts at launch, then the stop
+SF_FIRST_FPS_S = 35  # Sample Factory (never run there): about 25 s to start, 10 more to its first FPS line
+SF_STOP_S = 5  # its runner dies on SIGTERM, then its group is killed
+PURE_START_S = 12  # making and resetting every env in its process
+BENCH_START_S = 5  # bench_throughput importing torch, appo and the env
+SIGKILL_AFTER_TRAINED_S = 5  # the sigkill step kills the runner this long after its learner first trained
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|error)")
+PYTEST_SKIPPED = re.compile(r"^SKIPPED \[\d+\] (\S+): (.*)$", re.MULTILINE)  # -rs's lines: where, reason
+NEEDS_A_GPU = re.compile(r"\bneeds (a )?CUDA\b")  # tests/test_cuda.py's reasons for a test no CPU can stand in for
 EVAL_RETURN = re.compile(r"mean return (-?[\d.]+) \+- ([\d.]+) over (\d+) games")
 EVAL_LENGTH = re.compile(r"mean length ([\d,]+) env frames")
 
@@ -96,43 +126,57 @@ def parse_args(argv=None):
     prepare.add_argument("--python", default=None,
                          help="a Python of the GPU machine's version (3.12) to build the C++ module with; "
                               "default: python3.12 on PATH or under pyenv")
-    run = commands.add_parser("run", help="run the check")
-    run.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                     help="cpu: a dry run, the CUDA-only parts skipped with the reason")
+    options = argparse.ArgumentParser(add_help=False)  # run's, and plan's, which shows what they make fit
+    options.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                         help="cpu: a dry run, the CUDA-only parts skipped with the reason")
+    options.add_argument("--pack", default=DEFAULT_PACK,
+                         help="the file `prepare` packs both wheel folders into; where it exists, its folders "
+                              "replace --wheels and --sf_wheels")
+    options.add_argument("--wheels", default=os.path.join(REPO, ".whl"),
+                         help="wheels from `prepare`; installed only if the folder exists")
+    options.add_argument("--sf_wheels", default=os.path.join(REPO, ".whl-sf"),
+                         help="Sample Factory's wheels from `prepare`, installed into a folder of their own for the "
+                              "sf legs (the VizDoom and ale wheels of --wheels too)")
+    options.add_argument("--sf_python", default=None,
+                         help="a Sample Factory 2.1.1 interpreter to use instead of --sf_wheels (.venv-sf/bin/python)")
+    options.add_argument("--num_workers", type=int, default=max(1, len(os.sched_getaffinity(0)) - 2),
+                         help="rollout workers (default: the cores less two, for the learner and the policy worker)")
+    options.add_argument("--num_envs_per_worker", type=int, default=8, help="envs per rollout worker")
+    options.add_argument("--train_seconds", type=float, default=30, help="length of the training run")
+    options.add_argument("--bench_seconds", type=float, default=12, help="measured seconds of each throughput leg")
+    options.add_argument("--bench_warmup", type=float, default=8,
+                         help="training seconds before the trainers' legs count")
+    options.add_argument("--report_every", type=float, default=5,
+                         help="appo.py's status interval in the trainers' legs")
+    options.add_argument("--sf_first_line_s", type=float, default=60,
+                         help="a Sample Factory leg that has printed no training FPS line this many seconds after "
+                              "its launch is stopped and recorded as failed")
+    options.add_argument("--extra_legs", default="",
+                         help=f"comma-separated legs doom_1pw adds to pure, ours and sf, from {','.join(EXTRA_LEGS)}")
+    options.add_argument("--pure_episode_frames", type=int, default=None,
+                         help="episode length of the pure_episodes leg, in env frames; default: the eval step's "
+                              "mean length (the leg is left out when neither gives one)")
+    options.add_argument("--steps", default=",".join(STEPS),
+                         help=f"comma-separated steps to run, from {','.join(STEPS)} (a rerun after a fix can "
+                              f"name only what failed); {', '.join(ALWAYS)} always run")
+    options.add_argument("--deadline_s", type=float, default=480,
+                         help="start no step expected to end after this many seconds (EXPECTED_S); a command "
+                              "still running a minute past it is stopped")
+    run = commands.add_parser("run", parents=[options], help="run the check",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run.add_argument("--out", required=True, help="folder for summary.md, summary.json and steps.log")
-    run.add_argument("--pack", default=DEFAULT_PACK,
-                     help="the file `prepare` packs both wheel folders into; where it exists, its folders "
-                          "replace --wheels and --sf_wheels")
-    run.add_argument("--wheels", default=os.path.join(REPO, ".whl"),
-                     help="wheels from `prepare`; installed only if the folder exists")
-    run.add_argument("--sf_wheels", default=os.path.join(REPO, ".whl-sf"),
-                     help="Sample Factory's wheels from `prepare`, installed into a folder of their own for the "
-                          "sf legs (the VizDoom and ale wheels of --wheels too)")
-    run.add_argument("--sf_python", default=None,
-                     help="a Sample Factory 2.1.1 interpreter to use instead of --sf_wheels (.venv-sf/bin/python)")
-    run.add_argument("--num_workers", type=int, default=max(1, len(os.sched_getaffinity(0)) - 2),
-                     help="rollout workers (default: the cores less two, for the learner and the policy worker)")
-    run.add_argument("--num_envs_per_worker", type=int, default=8, help="envs per rollout worker")
-    run.add_argument("--train_seconds", type=float, default=40, help="length of the training run")
-    run.add_argument("--bench_seconds", type=float, default=15, help="measured seconds of each throughput leg")
-    run.add_argument("--bench_warmup", type=float, default=10,
-                     help="training seconds before the trainers' legs count")
-    run.add_argument("--report_every", type=float, default=5, help="appo.py's status interval in the trainers' legs")
-    run.add_argument("--pure_episode_frames", type=int, default=None,
-                     help="episode length of the pure_episodes leg, in env frames; default: the eval step's mean "
-                          "length (the pure_episodes leg is left out when neither gives one)")
-    run.add_argument("--steps", default=",".join(STEPS),
-                     help=f"comma-separated steps to run, from {','.join(STEPS)} (a rerun after a fix can "
-                          f"name only what failed); {', '.join(ALWAYS)} always run")
-    run.add_argument("--deadline_s", type=float, default=480,
-                     help="start no step after this many seconds, nor one that would not end within a minute of "
-                          "it; a command still running a minute past it is stopped")
+    commands.add_parser("plan", parents=[options], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        help="run nothing: print when each step would start and end under these flags")
     args = parser.parse_args(argv)
-    if args.command == "run":
+    if args.command != "prepare":
         args.steps = args.steps.split(",")
         unknown = [step for step in args.steps if step not in STEPS]
         if unknown:
             parser.error(f"--steps: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
+        args.extra_legs = [leg for leg in args.extra_legs.split(",") if leg]
+        unknown = [leg for leg in args.extra_legs if leg not in EXTRA_LEGS]
+        if unknown:
+            parser.error(f"--extra_legs: unknown leg(s) {unknown}; choose from {','.join(EXTRA_LEGS)}")
     return args
 
 
@@ -150,9 +194,20 @@ def find_python312(given: str | None) -> str:
     raise SystemExit("error: no Python 3.12 found (the GPU machine's version): name one with --python")
 
 
-def installed_version(name: str) -> str:
-    from importlib.metadata import version
-    return version(name)
+def project_versions(names: list[str]) -> dict[str, str]:
+    """The version of each package in this interpreter (the wheels to fetch are of these versions);
+    SystemExit, with the fix, where one is missing: prepare was run by another Python."""
+    from importlib.metadata import PackageNotFoundError, version
+    versions, missing = {}, []
+    for name in names:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            missing.append(name)
+    if missing:
+        raise SystemExit("error: run prepare with the project's interpreter (the one `pip install -e .[doom,test]` "
+                         f"installed into): {sys.executable} is missing {', '.join(missing)}")
+    return versions
 
 
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
@@ -223,8 +278,9 @@ def prepare(args):
     """Wheels of the GPU machine's platform (CPython 3.12, manylinux x86-64) for the packages it
     lacks, the C++ module built with a Python 3.12 as a fallback for a machine with no compiler,
     Sample Factory's wheels, and the pack of both that travels."""
+    versions = project_versions(CARRIED_PACKAGES)  # before anything is downloaded
     os.makedirs(args.wheels, exist_ok=True)
-    download_wheels([f"{name}=={installed_version(name)}" for name in CARRIED_PACKAGES], args.wheels)
+    download_wheels([f"{name}=={version}" for name, version in versions.items()], args.wheels)
     python = find_python312(args.python)
     with tempfile.TemporaryDirectory() as build_dir:  # pip builds it in isolation, fetching pybind11
         subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "-w", build_dir, REPO], check=True)
@@ -247,6 +303,11 @@ def prepare(args):
 # run: every step records its result; a failed step does not stop the ones after it
 # ---------------------------------------------------------------------------------------------
 
+def ends_in_time(args, elapsed: float, expected_s: float) -> bool:
+    """Whether a step started `elapsed` s into the check is expected to end before --deadline_s."""
+    return elapsed + expected_s < args.deadline_s
+
+
 class Check:
     def __init__(self, args):
         self.args, self.start = args, time.monotonic()
@@ -260,12 +321,15 @@ class Check:
         self.sf_missing = None if args.sf_python else f"no Sample Factory wheels in {args.sf_wheels} and no --sf_python"
         self.episode_frames = args.pure_episode_frames  # or the eval step's mean length
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
     def remaining(self) -> float:
-        return self.args.deadline_s - (time.monotonic() - self.start)
+        return self.args.deadline_s - self.elapsed()
 
     def step(self, name: str, function, needs: tuple[str, ...] = (), expected_s: float = 0.0):
         """Runs function() -> (status, details); an exception fails the step. A step expected to take
-        `expected_s` does not start unless it would end within a minute of --deadline_s."""
+        `expected_s` starts only if it would end before --deadline_s."""
         failed_needs = [result["step"] for result in self.results if result["step"] in needs
                         and result["status"] != "passed"]
         started = time.monotonic()
@@ -273,9 +337,7 @@ class Check:
             status, details = "skipped", {"reason": "not in --steps"}
         elif failed_needs:
             status, details = "skipped", {"reason": f"needs {', '.join(failed_needs)}, which did not pass"}
-        elif self.remaining() <= 0:
-            status, details = "skipped", {"reason": f"past --deadline_s {self.args.deadline_s:g}"}
-        elif expected_s > self.remaining() + 60:
+        elif not ends_in_time(self.args, self.elapsed(), expected_s):
             status, details = "skipped", {"reason": f"expected to take about {expected_s:.0f} s, {self.remaining():.0f} s "
                                                     f"left before --deadline_s {self.args.deadline_s:g}"}
         else:
@@ -288,6 +350,7 @@ class Check:
         result = {"step": name, "status": status, "seconds": round(time.monotonic() - started, 1), **details}
         self.results.append(result)
         self.say(f"== {name}: {status} in {result['seconds']:.0f} s " + json.dumps(details, default=str)[:1500])
+        write_summary(self)  # now, not only at the end: a call killed at its time limit keeps every step done
         return result
 
     def say(self, text: str):
@@ -295,21 +358,46 @@ class Check:
         self.log.write(text + "\n")
         self.log.flush()
 
-    def command(self, argv: list[str], timeout: float, env: dict | None = None) -> tuple[int, str]:
-        """Runs argv to completion (or until timeout, then its group is killed); its output goes to
-        steps.log and comes back."""
+    def command(self, argv: list[str], timeout: float, env: dict | None = None,
+                tag: str | None = None) -> tuple[int, str]:
+        """Runs argv to completion, its output to steps.log and back. Every process it starts carries
+        GPU_CHECK_TAG=`tag` (a new one unless given) in its environment: past `timeout` (or a minute
+        past --deadline_s) its group gets SIGTERM, so that a script's own cleanup runs, then
+        STOP_GRACE_S later SIGKILL, with every tagged process, those in sessions of their own too
+        (bench_throughput starts each trainer in one)."""
         self.say("$ " + " ".join(arg if len(arg) < 200 else "'" + arg.strip()[:60] + " ...'" for arg in argv))
+        tag = tag or uuid.uuid4().hex
         process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   env=env or self.env, start_new_session=True)
+                                   env=dict(env or self.env, GPU_CHECK_TAG=tag), start_new_session=True)
+        limit = max(1.0, min(timeout, self.remaining() + 60))
         try:
-            output, _ = process.communicate(timeout=max(1.0, min(timeout, self.remaining() + 60)))
+            output, _ = process.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            kill_group(process.pid)
-            output, _ = process.communicate()
-            output += f"\n(killed: still running after {timeout:.0f} s)"
+            output = stop(process, tag) + f"\n(stopped: still running after {limit:.0f} s)"
         self.log.write(output)
         self.log.flush()
         return process.returncode, output
+
+
+STOP_GRACE_S = 20.0  # from SIGTERM to SIGKILL: bench_throughput stops its trainer leg (appo.py takes ~10 s)
+
+
+def stop(process: subprocess.Popen, tag: str) -> str:
+    """SIGTERM to the process's group, then, once it and every process carrying `tag` have ended or
+    STOP_GRACE_S has passed, SIGKILL to the group and to every process still tagged; what it printed."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        output, _ = process.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        output = None
+    wait_until_gone(tag, deadline - time.monotonic())  # its children's own cleanup (appo.py's /dev/shm)
+    kill_group(process.pid)
+    kill_tagged(tag)  # before reading on: one in a session of its own may hold the output pipe open
+    return output if output is not None else process.communicate()[0]
 
 
 def kill_group(pgid: int):
@@ -317,6 +405,22 @@ def kill_group(pgid: int):
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def kill_tagged(tag: str, seconds: float = 10.0) -> dict[int, str]:
+    """SIGKILLs every process carrying `tag`, and its group, until none is left (one may start
+    another meanwhile) or `seconds` pass; what is left."""
+    deadline = time.monotonic() + seconds
+    while (tagged := processes_tagged(tag)) and time.monotonic() < deadline:
+        for pid in tagged:
+            try:
+                if os.getpgid(pid) != os.getpgrp():  # (never this script's own group)
+                    kill_group(os.getpgid(pid))
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # gone meanwhile
+        time.sleep(0.1)
+    return processes_tagged(tag)
 
 
 def processes_tagged(tag: str) -> dict[int, str]:
@@ -518,17 +622,23 @@ def step_build(check: Check):
     return "passed", {"module": how}
 
 
-def step_cuda_tests(check: Check):
+def step_cuda_tests(check: Check, tests: str = "tests/test_cuda.py"):
+    """The CUDA tests; none may be skipped on the GPU. In a dry run a test that needs a real GPU
+    (tests/test_cuda.py says so in its skip reason: the sync debug mode) is skipped, as expected."""
     env = dict(check.env)
     if check.args.device == "cpu":
         env["APPO_CUDA_TESTS_ON_CPU"] = "1"  # the tests' own logic, with the CPU in the GPU's place
-    code, output = check.command([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                                  "tests/test_cuda.py"], timeout=400, env=env)
+    code, output = check.command([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", tests],
+                                 timeout=400, env=env)
     # pytest's last line of its own: the lines after it are what processes print as they exit
     summary = next((line for line in reversed(output.splitlines()) if PYTEST_SUMMARY.search(line)), "")
-    details = {"pytest": summary, "on": "the CPU standing in for the GPU" if check.args.device == "cpu" else "the GPU"}
-    if code != 0 or "passed" not in summary or "skipped" in summary:
-        return "failed", {"reason": f"pytest exit code {code}", **details}
+    skipped = [f"{where}: {reason}" for where, reason in PYTEST_SKIPPED.findall(output)]
+    unexpected = [skip for skip in skipped if check.args.device == "cuda" or not NEEDS_A_GPU.search(skip)]
+    details = {"pytest": summary, "on": "the CPU standing in for the GPU" if check.args.device == "cpu" else "the GPU",
+               "skipped": skipped}
+    if code != 0 or "passed" not in summary or unexpected:
+        return "failed", {"reason": f"pytest exit code {code}" + (f"; skipped: {unexpected}" if unexpected else ""),
+                          **details}
     return "passed", details
 
 
@@ -539,12 +649,17 @@ def train_command(check: Check, experiment: str, seconds: float) -> list[str]:
             "--train_dir", os.path.join(check.work, "train"), "--experiment", experiment]
 
 
+def warning_lines(output: str) -> list[str]:
+    """appo.py's own warnings ("warning: ..."), torch's C++ ones ("[W..."), and Python's, which
+    come anywhere in a line ("...: UserWarning: RNN module weights are not part of ...")."""
+    return [line for line in output.splitlines() if line.startswith(("warning", "[W")) or "Warning:" in line]
+
+
 def step_train(check: Check):
     tag = uuid.uuid4().hex
-    env = dict(check.env, GPU_CHECK_TAG=tag)
     shm_before = shm_entries()
     code, output = check.command(train_command(check, "trained", check.args.train_seconds),
-                                 timeout=check.args.train_seconds + 180, env=env)
+                                 timeout=check.args.train_seconds + 180, tag=tag)
     survivors = wait_until_gone(tag, 15)
     shm_left = sorted(shm_entries() - shm_before)
     lines = status_lines(output)
@@ -559,9 +674,8 @@ def step_train(check: Check):
                "episodes_in_score": scored[-1]["episodes"] if scored else 0,
                "checkpoints": len(checkpoints), "processes_left": survivors, "shm_left": shm_left,
                "status_line": next((l for l in reversed(output.splitlines()) if STATUS.match(l)), "")[:400]}
-    for pid in survivors:
-        kill_group(pid)
-    warnings = [line for line in output.splitlines() if line.startswith(("warning", "[W"))]
+    kill_tagged(tag)
+    warnings = warning_lines(output)
     if warnings:
         details["warnings"] = warnings[:5]
     problems = [text for bad, text in [
@@ -591,7 +705,7 @@ def step_sigkill(check: Check):
         while process.poll() is None and time.monotonic() < deadline:
             if trained_at is None and any(STATUS.match(line) and TRAINED.search(line) for line in output):
                 trained_at = time.monotonic()  # the learner trained: the GPU path is all in use
-            if trained_at is not None and time.monotonic() > trained_at + 10:
+            if trained_at is not None and time.monotonic() > trained_at + SIGKILL_AFTER_TRAINED_S:
                 break
             time.sleep(0.2)
         children = {pid: cmd for pid, cmd in processes_tagged(tag).items() if pid != process.pid}
@@ -602,11 +716,7 @@ def step_sigkill(check: Check):
         gone_after = round(time.monotonic() - killed, 1)
         shm_left = sorted(shm_entries() - shm_before)
     finally:
-        for pid in processes_tagged(tag):  # what outlived it, and its group
-            try:
-                kill_group(os.getpgid(pid))
-            except ProcessLookupError:
-                pass  # gone meanwhile
+        kill_tagged(tag)  # what outlived it, and its group
         kill_group(process.pid)
         reader.join(timeout=10)
     check.log.write("".join(output))
@@ -687,47 +797,58 @@ def step_micro_learner(check: Check):
     return "passed", {"command": " ".join(command[1:]), **figures}
 
 
-def bench_legs(check: Check, env_name: str, policy_workers: int) -> tuple[list[str], dict[str, str]]:
-    """The legs of one bench_throughput call, and each leg left out with the reason. Pure
-    simulation depends on no trainer setting: measured once, with one policy worker per policy."""
+def planned_legs(args, step: str) -> list[str]:
+    """The legs of a bench step when all they need is there. Pure simulation depends on no trainer
+    setting: measured once an env, with one policy worker per policy."""
+    legs = ["pure"] * (BENCH_STEPS[step][1] == 1) + ["ours", "sf"] + (args.extra_legs if step == "doom_1pw" else [])
+    return [leg for leg in LEG_ORDER if leg in legs]
+
+
+def bench_legs(check: Check, step: str) -> tuple[list[str], dict[str, str]]:
+    """The legs of one bench_throughput call, and each leg left out with the reason."""
     legs, left_out = [], {}
-    if policy_workers == 1:
-        legs.append("pure")
-        if env_name.startswith("doom"):
-            if check.episode_frames:
-                legs.append("pure_episodes")
-            else:
-                left_out["pure_episodes"] = "no episode length: eval gave none and --pure_episode_frames is unset"
-    legs.append("ours")
-    if check.sf_python:
-        legs.append("sf")
-    else:
-        left_out["sf"] = check.sf_missing or "no Sample Factory"
-    if policy_workers == 1 and env_name.startswith("doom"):
-        legs.append("gpu_time")
+    for leg in planned_legs(check.args, step):
+        if leg == "pure_episodes" and not check.episode_frames:
+            left_out[leg] = "no episode length: eval gave none and --pure_episode_frames is unset"
+        elif leg == "sf" and not check.sf_python:
+            left_out[leg] = check.sf_missing or "no Sample Factory"
+        else:
+            legs.append(leg)
     return legs, left_out
 
 
-def bench_command(check: Check, env_name: str, legs: list[str], policy_workers: int) -> list[str]:
+def bench_command(check: Check, env_name: str, legs: list[str], policy_workers: int, partial: str) -> list[str]:
+    """bench_throughput.py for these legs, its figures so far in `partial` after every leg."""
     args = check.args
     command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", env_name,
                "--num_workers", str(args.num_workers), "--num_envs_per_worker", str(args.num_envs_per_worker),
                "--legs", ",".join(legs), "--seconds", str(args.bench_seconds), "--warmup", str(args.bench_warmup),
-               "--report_every", str(args.report_every), "--policy_workers_per_policy", str(policy_workers), "--json"]
+               "--report_every", str(args.report_every), "--policy_workers_per_policy", str(policy_workers), "--json",
+               "--partial", partial]
     if "pure_episodes" in legs:
         command += ["--pure_episode_frames", str(check.episode_frames)]
     if "sf" in legs:
-        command += ["--sf_python", check.sf_python]
+        command += ["--sf_python", check.sf_python, "--sf_first_line_s", str(args.sf_first_line_s)]
     return command + ["--", "--device", args.device]
 
 
 def bench_seconds(args, legs: list[str]) -> float:
-    """About how long bench_throughput takes for these legs: each leg's measured seconds, the
-    trainers' warm-up and report, and their start (Sample Factory's is the slower)."""
-    start = {"pure": 12, "pure_episodes": 12, "ours": 20 + args.report_every, "sf": 30, "gpu_time": 20}
-    measured = {"pure": args.bench_seconds, "pure_episodes": args.bench_seconds, "gpu_time": 0,
-                "ours": args.bench_warmup + args.bench_seconds, "sf": args.bench_warmup + args.bench_seconds}
-    return sum(start[leg] + measured[leg] for leg in legs)
+    """About how long bench_throughput takes for these legs on the H200 (EXPECTED_S): each leg's start,
+    measured seconds (the trainers' after their warm-up, and until their next report) and stop."""
+    seconds = {"pure": PURE_START_S + args.bench_seconds, "pure_episodes": PURE_START_S + args.bench_seconds,
+               "gpu_time": 20,  # a forward pass and a learner step, timed for 6 s, after making the model
+               "ours": OURS_FIRST_TRAINED_S + args.bench_warmup + args.bench_seconds + args.report_every + OURS_STOP_S,
+               "sf": SF_FIRST_FPS_S + args.bench_warmup + args.bench_seconds + 10 + SF_STOP_S}  # (10: its report)
+    return BENCH_START_S + sum(seconds[leg] for leg in legs)
+
+
+def expected_seconds(args, step: str) -> float:
+    """About how long a step takes on the H200 under these flags, every leg it plans there."""
+    if step in BENCH_STEPS:
+        return bench_seconds(args, planned_legs(args, step))
+    if step == "train":
+        return args.train_seconds + OURS_STOP_S
+    return EXPECTED_S[step]
 
 
 def bench_details(figures: dict) -> dict:
@@ -746,20 +867,42 @@ def bench_details(figures: dict) -> dict:
             "pure_episode_frames": first("pure_episodes").get("episode_frames"), "gpu_time": first("gpu_time") or None}
 
 
-def step_bench(check: Check, env_name: str, policy_workers: int):
-    legs, left_out = bench_legs(check, env_name, policy_workers)
-    command = bench_command(check, env_name, legs, policy_workers)
+def step_bench(check: Check, step: str):
+    env_name, policy_workers = BENCH_STEPS[step]
+    legs, left_out = bench_legs(check, step)
+    partial = os.path.join(check.work, f"bench_{env_name}_{policy_workers}pw.json")
+    command = bench_command(check, env_name, legs, policy_workers, partial)
     code, output = check.command(command, timeout=bench_seconds(check.args, legs) + 120)
-    figures = json_in(output)
     details = {"command": " ".join(command[1:]), "left_out": left_out}
-    if code != 0 or figures is None:
-        return "failed", {"reason": f"bench_throughput exit code {code}", **details}
+    figures = json_in(output) if code == 0 else None
+    if figures is None:  # failed or stopped part-way: the legs that finished are in the partial file
+        figures = read_json(partial)
+        last_line = (output.strip().splitlines() or [""])[-1][:300]
+        finished = list(figures["runs"]) if figures else []
+        reason = (f"bench_throughput exit code {code} ({last_line}); legs finished: "
+                  f"{', '.join(finished) or 'none'}")
+        return "failed", {"reason": reason, **details, **(bench_details(figures) if figures else {})}
     details.update(bench_details(figures))
     missing = [leg for leg, key in (("pure", "pure_sim_fps"), ("pure_episodes", "pure_episodes_fps"),
                                     ("ours", "ours_fps"), ("sf", "sf_fps")) if leg in legs and not figures.get(key)]
     if missing:
-        return "failed", {"reason": f"no figure from {', '.join(missing)}", **details}
+        return "failed", {"reason": f"no figure from {', '.join(leg_and_error(figures, leg) for leg in missing)}",
+                          **details}
     return "passed", details
+
+
+def leg_and_error(figures: dict, leg: str) -> str:
+    """The leg, and why it gave no figure where it says (Sample Factory never trained, say)."""
+    error = (figures["runs"].get(leg) or [{}])[0].get("error")
+    return f"{leg} ({error})" if error else leg
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -826,30 +969,31 @@ def write_summary(check: Check) -> str:
     return text
 
 
+STEP_FUNCTIONS = {"packages": step_packages, "machine": step_machine, "build": step_build,
+                  "sample_factory": step_sample_factory, "cuda_tests": step_cuda_tests, "train": step_train,
+                  "sigkill": step_sigkill, "eval": step_eval,  # eval plays the train step's checkpoint
+                  **{step: lambda check, step=step: step_bench(check, step) for step in BENCH_STEPS},
+                  "micro_policy": step_micro_policy, "micro_learner": step_micro_learner}
+
+
+def needs(step: str) -> tuple[str, ...]:
+    """The steps that must have passed for this one to start."""
+    if step == "build":
+        return ("machine",)
+    return ("machine", "build") if step in STEPS else ()
+
+
 def run(args) -> int:
     check = Check(args)
     if args.device == "cpu":
         check.say("dry run (--device cpu): every step runs on the CPU; the CUDA tests run with the CPU in the "
                   "GPU's place, which checks their logic, not CUDA")
     try:
-        check.step("packages", lambda: step_packages(check))
-        check.step("machine", lambda: step_machine(check))
-        check.step("build", lambda: step_build(check), needs=("machine",))
-        check.step("sample_factory", lambda: step_sample_factory(check))
-        ready = ("machine", "build")
-        # the quick steps: does the GPU path work at all
-        check.step("cuda_tests", lambda: step_cuda_tests(check), needs=ready)
-        check.step("train", lambda: step_train(check), needs=ready)
-        check.step("sigkill", lambda: step_sigkill(check), needs=ready)
-        check.step("eval", lambda: step_eval(check), needs=ready)  # plays the train step's checkpoint
-        # where a step's time goes, then throughput: the trainers' legs alternate, ours then Sample Factory
-        check.step("micro_policy", lambda: step_micro_policy(check), needs=ready)
-        check.step("micro_learner", lambda: step_micro_learner(check), needs=ready)
-        for name, env_name, workers in (("doom_1pw", "doom_basic", 1), ("doom_2pw", "doom_basic", 2),
-                                        ("atari", "atari_breakout", 1)):
-            legs = bench_legs(check, env_name, workers)[0]
-            check.step(name, lambda: step_bench(check, env_name, workers), needs=ready,
-                       expected_s=bench_seconds(args, legs))
+        for step in ALWAYS + STEPS:
+            # a bench step's legs as they stand now (Sample Factory's, say, left out where it did not import)
+            expected_s = (bench_seconds(args, bench_legs(check, step)[0]) if step in BENCH_STEPS
+                          else expected_seconds(args, step))
+            check.step(step, lambda: STEP_FUNCTIONS[step](check), needs=needs(step), expected_s=expected_s)
     finally:
         text = write_summary(check)
         check.log.close()
@@ -858,10 +1002,33 @@ def run(args) -> int:
     return 0 if all(result["status"] != "failed" for result in check.results) else 1
 
 
+def plan(args) -> str:
+    """Each step's expected start and end, in seconds from the check's start, if every step takes
+    its expected time on the H200 (EXPECTED_S) with all its legs; which would not start, and why."""
+    lines = [f"{'step':<15}{'start':>6}{'end':>6}  (expected seconds on the H200; --deadline_s "
+             f"{args.deadline_s:g}, commands stopped at {args.deadline_s + 60:g})"]
+    elapsed = 0.0
+    for step in ALWAYS + STEPS:
+        expected_s = expected_seconds(args, step)
+        if step in STEPS and step not in args.steps:
+            lines.append(f"{step:<15}{'-':>6}{'-':>6}  not in --steps")
+        elif ends_in_time(args, elapsed, expected_s):
+            legs = f"  legs {','.join(planned_legs(args, step))}" if step in BENCH_STEPS else ""
+            lines.append(f"{step:<15}{elapsed:>6.0f}{elapsed + expected_s:>6.0f}{legs}")
+            elapsed += expected_s
+        else:
+            lines.append(f"{step:<15}{'-':>6}{'-':>6}  would not start: its {expected_s:.0f} s from {elapsed:.0f} s "
+                         f"would end at {elapsed + expected_s:.0f}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.command == "prepare":
         prepare(args)
+        return 0
+    if args.command == "plan":
+        print(plan(args))
         return 0
     return run(args)
 

@@ -2,6 +2,7 @@
 processes), cpu_accounting.py and bench_policy_worker.py."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,10 +13,12 @@ import numpy as np
 import pytest
 
 import appo
-from conftest import processes_tagged
+from conftest import processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+import bench_learner  # noqa: E402
+import bench_policy_worker  # noqa: E402
 import bench_throughput as bench  # noqa: E402
 import cpu_accounting  # noqa: E402
 
@@ -273,6 +276,15 @@ def test_the_policy_worker_benchmark_splits_act_on_into_the_forward_and_the_rest
     row = result["results"][0]
     assert row["batch"] == 8 and row["iterations"] >= 20
     assert 0 < row["forward_us"] < row["act_on_us"] and row["outside_us"] > 0
+    assert result["clock"] == row["clock"] == "thread CPU time"  # on the CPU: what the path costs this thread
+    assert bench_policy_worker.table({"here": [result]}).startswith("µs per sample by the thread CPU time")
+
+
+def test_the_policy_worker_benchmark_times_a_gpu_by_the_wall_clock():
+    """On a GPU a wait on a CUDA event spins the thread: its CPU time would count the GPU's time as work."""
+    assert bench_policy_worker.clock_of("cuda") == (time.perf_counter, "wall clock")
+    assert bench_policy_worker.clock_of("cuda:1") == (time.perf_counter, "wall clock")
+    assert bench_policy_worker.clock_of("cpu") == (time.thread_time, "thread CPU time")
 
 
 DIES_AT_STARTUP = "gym:dies_at_startup_env:DiesAtStartup-v0"
@@ -303,3 +315,76 @@ def test_a_pure_simulation_worker_lost_twice_ends_the_bench_with_both_reasons(tm
     message = str(stopped.value)
     assert message.startswith("error: pure simulation lost a worker twice")
     assert message.count("worker 0 (pid") == 2 and message.count("killed by SIGKILL") == 2, message
+
+
+def test_each_legs_figures_are_in_the_partial_file_as_the_leg_ends_and_stay_there_when_the_bench_is_stopped(
+        tmp_path):
+    """--partial: rewritten after every leg in --json's shape, so a caller that has to stop the bench
+    (gpu_check at its deadline) keeps the legs that finished. Stopped here during the ours leg."""
+    tag = uuid.uuid4().hex
+    partial = tmp_path / "partial.json"
+    command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "gym:CartPole-v1",
+               "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--legs", "pure,ours",
+               "--seconds", "1", "--warmup", "300", "--json", "--partial", str(partial), "--", "--device", "cpu"]
+    bench_process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                     env={**os.environ, "BENCH_TEST_TAG": tag})
+    try:
+        deadline = time.monotonic() + 180
+        while not partial.exists() and bench_process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert partial.exists(), bench_process.communicate(timeout=60)[1][-3000:]
+        bench_process.send_signal(signal.SIGTERM)  # during the ours leg: its warm-up alone is 300 s
+        _, stderr = bench_process.communicate(timeout=60)
+    finally:
+        bench_process.kill()
+    assert bench_process.returncode != 0
+    figures = json.loads(partial.read_text())
+    assert figures["env"] == "gym:CartPole-v1" and figures["num_envs"] == 2, figures
+    assert list(figures["runs"]) == ["pure"] and figures["pure_sim_fps"] > 0 and figures["ours_fps"] is None
+    assert not list(tmp_path.glob("*.part"))
+    assert processes_still_tagged(tag) == [], stderr[-3000:]
+
+
+def process_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_sample_factory_that_never_trains_is_stopped_at_its_first_line_limit_with_its_group(tmp_path):
+    """--sf_first_line_s: a Sample Factory that starts but never prints a training FPS line (only
+    its nan one) is stopped that many seconds after launch, not 180 s plus the measurement later,
+    and the leg says why; what it started in its process group goes with it."""
+    never_trains = tmp_path / "sf_python"
+    never_trains.write_text(
+        "#!/bin/sh\n"
+        "echo '[2026-11-23 15:49:52,001][04321] Fps is (10 sec: nan, 60 sec: nan, 300 sec: nan). Total num frames: 0.'\n"
+        "sleep 600 &\necho \"child $!\"\nwait\n")
+    never_trains.chmod(0o755)
+    args = bench_args(sf_python=str(never_trains), warmup=0.0, seconds=1.0, sf_first_line_s=2.0)
+    started = time.monotonic()
+    result = bench.measure_sample_factory(args, bench.trainer_config(args, 8))
+    assert time.monotonic() - started < 20
+    assert result["fps"] is None and result["error"] == "no training FPS line within 2 s of its launch: stopped"
+    child = int(next(line for line in result["log_tail"] if line.startswith("child ")).split()[1])
+    assert not process_running(child)
+
+
+def test_the_learner_benchmarks_batch_ends_episodes_as_a_trained_doom_basic_agent_does():
+    """Every --episode_steps (6) steps, each trajectory at its own phase: the learner's recurrent core
+    (on a GPU, over the rollout cut at episode ends) is timed at the segments training gives it."""
+    from gymnasium import spaces
+    cfg = appo.parse_args(["--env", "doom_basic", "--rollout", "32", "--device", "cpu"])
+    doom_basic = (spaces.Box(0, 255, (3, 72, 128), np.uint8), spaces.Discrete(4))
+    slots = appo.RolloutSlots(appo.rollout_buffer_specs(*doom_basic, cfg), num_slots=16, rollout=32, num_workers=1,
+                              num_splits=1)
+    bench_learner.fill_randomly(slots, appo.ActorCritic(*doom_basic, cfg))
+    done = slots.arrays["done"]  # [trajectory, T+1]
+    ends = [np.flatnonzero(row) for row in done]
+    assert all(row[0] < 6 and (np.diff(row) == 6).all() and len(row) >= 5 for row in ends), ends
+    assert len({row[0] for row in ends}) > 1  # not every trajectory at the same phase
+    plan = appo.rnn_segments(done[:, :-1].T)  # the T steps that train, [T, B]
+    assert plan.max_len == 6 and plan.num_segments >= 16 * 32 // 6
+    assert bench_learner.parse_args([]).episode_steps == bench_learner.EPISODE_STEPS == 6
