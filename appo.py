@@ -1690,8 +1690,10 @@ def sleeping_event() -> "torch.cuda.Event":
 
 def use_device(device: torch.device | str):
     """Makes `device` the calling thread's current CUDA device. Events record on the current device's
-    stream: without this a process on cuda:1 (torchrun, LOCAL_RANK 1) would wait on cuda:0's."""
-    if torch.device(device).type == "cuda":
+    stream: without this a process on cuda:1 (torchrun, LOCAL_RANK 1) would wait on cuda:0's. Plain
+    "cuda" means the current device already (and set_device refuses it)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
 
 

@@ -153,6 +153,8 @@ def parse_args(argv=None):
                               "its launch is stopped and recorded as failed")
     options.add_argument("--extra_legs", default="",
                          help=f"comma-separated legs doom_1pw adds to pure, ours and sf, from {','.join(EXTRA_LEGS)}")
+    options.add_argument("--skip_legs", default="",
+                         help="comma-separated legs no bench step runs (a rerun that has their figures already)")
     options.add_argument("--pure_episode_frames", type=int, default=None,
                          help="episode length of the pure_episodes leg, in env frames; default: the eval step's "
                               "mean length (the leg is left out when neither gives one)")
@@ -174,6 +176,7 @@ def parse_args(argv=None):
         if unknown:
             parser.error(f"--steps: unknown step(s) {unknown}; choose from {','.join(STEPS)}")
         args.extra_legs = [leg for leg in args.extra_legs.split(",") if leg]
+        args.skip_legs = [leg for leg in args.skip_legs.split(",") if leg]
         unknown = [leg for leg in args.extra_legs if leg not in EXTRA_LEGS]
         if unknown:
             parser.error(f"--extra_legs: unknown leg(s) {unknown}; choose from {','.join(EXTRA_LEGS)}")
@@ -709,6 +712,8 @@ def step_sigkill(check: Check):
                 break
             time.sleep(0.2)
         children = {pid: cmd for pid, cmd in processes_tagged(tag).items() if pid != process.pid}
+        if process.poll() is not None:  # it ended by itself (a crash): nothing to kill
+            raise RuntimeError(f"the run exited by itself with code {process.returncode} before the kill")
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
         killed = time.monotonic()
@@ -801,7 +806,7 @@ def planned_legs(args, step: str) -> list[str]:
     """The legs of a bench step when all they need is there. Pure simulation depends on no trainer
     setting: measured once an env, with one policy worker per policy."""
     legs = ["pure"] * (BENCH_STEPS[step][1] == 1) + ["ours", "sf"] + (args.extra_legs if step == "doom_1pw" else [])
-    return [leg for leg in LEG_ORDER if leg in legs]
+    return [leg for leg in LEG_ORDER if leg in legs and leg not in args.skip_legs]
 
 
 def bench_legs(check: Check, step: str) -> tuple[list[str], dict[str, str]]:

@@ -860,6 +860,18 @@ def test_a_checkpoint_resumes_across_fused_and_plain_adam_and_the_next_step_is_t
     assert all(state["step"].item() == 2 for state in resumed.optimizer.state.values())
 
 
+def test_a_process_on_plain_cuda_leaves_the_current_device_as_it_is(monkeypatch):
+    """The GPU check of 2026-11-28 found torch.cuda.set_device("cuda") raising in every learner and
+    policy worker: only an indexed device (torchrun's cuda:N) is set."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", calls.append)  # no CUDA here: record what would be set
+    for device in ("cpu", "cuda", torch.device("cuda")):
+        appo.use_device(device)
+    assert calls == []
+    appo.use_device("cuda:1")
+    assert calls == [torch.device("cuda:1")]
+
+
 def test_the_learner_asks_for_cudnns_rnn_in_full_float32_on_any_torch(monkeypatch):
     """The segment path's cuDNN RNN must compute as the policy workers' cell does. Since torch 2.9
     that is cudnn.rnn.fp32_precision; on an older torch (a stand-in module without it) the older
