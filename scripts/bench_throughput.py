@@ -632,6 +632,7 @@ def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
         for leg in args.legs:
             print(f"# {args.env}, {args.num_workers}x{envs_per_worker} envs: {leg} "
                   f"(run {repeat + 1} of {args.repeats})", file=sys.stderr, flush=True)
+            shm_before = set(os.listdir("/dev/shm"))
             if leg == "pure":
                 runs[leg].append(pure_sim_leg(flags, args.num_workers, args.seconds))
             elif leg == "pure_episodes":
@@ -647,6 +648,10 @@ def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
                 runs[leg].append(measure_ours(args, flags, ("--encoder_dtype", "float32")))
             else:
                 runs[leg].append(measure_sample_factory(args, flags))
+            left = sorted(set(os.listdir("/dev/shm")) - shm_before)  # which leg left it (a trainer's own cleanup)
+            if left:
+                runs[leg][-1]["shm_left"] = left
+                print(f"warning: {leg} left in /dev/shm: {left}", file=sys.stderr)
             if runs[leg][-1].get("log_tail"):
                 print(f"warning: {leg}: no steady FPS in its log ({runs[leg][-1].get('error', 'too few reports after the warm-up')}); "
                       "its last lines:\n  " +

@@ -87,8 +87,8 @@ ALWAYS = ["packages", "machine", "build", "sample_factory"]
 # where a step's time goes, and atari last
 STEPS = ["cuda_tests", "train", "sigkill", "eval", "doom_1pw", "doom_2pw", "micro_policy", "micro_learner", "atari"]
 BENCH_STEPS = {"doom_1pw": ("doom_basic", 1), "doom_2pw": ("doom_basic", 2), "atari": ("atari_breakout", 1)}
-EXTRA_LEGS = ["pure_episodes", "gpu_time"]  # doom_1pw's, with --extra_legs
-LEG_ORDER = ["pure", "pure_episodes", "ours", "sf", "gpu_time"]  # bench_throughput's (gpu_time times ours' batch)
+EXTRA_LEGS = ["pure_episodes", "ours_fp32", "gpu_time"]  # doom_1pw's, with --extra_legs (ours_fp32: like for like)
+LEG_ORDER = ["pure", "pure_episodes", "ours", "ours_fp32", "sf", "gpu_time"]  # bench_throughput's (gpu_time times ours' batch)
 # Seconds a step takes on the lent H200 (16 cores): its runs' step times (docs/bench/gpu_check/h200_*)
 # where it ran, else estimates. A step starts only if it is expected to end before --deadline_s.
 EXPECTED_S = {
@@ -844,6 +844,7 @@ def bench_seconds(args, legs: list[str]) -> float:
                "gpu_time": 20,  # a forward pass and a learner step, timed for 6 s, after making the model
                "ours": OURS_FIRST_TRAINED_S + args.bench_warmup + args.bench_seconds + args.report_every + OURS_STOP_S,
                "sf": SF_FIRST_FPS_S + args.bench_warmup + args.bench_seconds + 10 + SF_STOP_S}  # (10: its report)
+    seconds["ours_fp32"] = seconds["ours"]
     return BENCH_START_S + sum(seconds[leg] for leg in legs)
 
 
@@ -869,7 +870,10 @@ def bench_details(figures: dict) -> dict:
             "ours_busy_percent": ours.get("busy_percent"), "ours_policy_lag": ours.get("lag_avg"),
             "ours_inference_batch": ours.get("inference_batch"), "ours_windows": ours.get("window_fps"),
             "sf_windows": sf.get("window_fps"), "sf_log_tail": sf.get("log_tail"),
-            "pure_episode_frames": first("pure_episodes").get("episode_frames"), "gpu_time": first("gpu_time") or None}
+            "pure_episode_frames": first("pure_episodes").get("episode_frames"), "gpu_time": first("gpu_time") or None,
+            "ours_fp32_fps": figures.get("ours_fp32_fps"), "precision": figures.get("precision"),
+            "shm_left": {leg: leg_runs[0]["shm_left"] for leg, leg_runs in runs.items()
+                         if leg_runs and leg_runs[0].get("shm_left")}}
 
 
 def step_bench(check: Check, step: str):

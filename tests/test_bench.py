@@ -129,6 +129,28 @@ def test_the_legs_gpu_time_runs_after_ours_and_the_old_name_is_refused_as_a_boun
         bench.parse_args()
 
 
+def test_what_a_leg_leaves_in_dev_shm_is_recorded_against_that_leg(monkeypatch, capsys):
+    """The GPU check of 2026-11-28 found a CUDA IPC file left after a bench with ours and Sample
+    Factory legs, and could not say whose. A stand-in leg (the trainers cannot run in a unit test)
+    that leaves a file and one that leaves none: the file is named in the first leg's run and in a
+    warning naming that leg."""
+    name = f"bench_test_{uuid.uuid4().hex}"
+
+    def leaves_a_file(*args, **kwargs):
+        open(os.path.join("/dev/shm", name), "w").close()
+        return {"fps": 1.0}
+
+    monkeypatch.setattr(bench, "measure_ours", leaves_a_file)
+    monkeypatch.setattr(bench, "pure_sim_leg", lambda *args, **kwargs: {"fps": 1.0})
+    monkeypatch.setattr(sys, "argv", ["bench", "--env", "gym:CartPole-v1", "--legs", "ours,pure", "--num_workers", "1"])
+    try:
+        result = bench.measure_configuration(bench.parse_args(), 1)
+    finally:
+        os.unlink(os.path.join("/dev/shm", name))
+    assert result["runs"]["ours"][0]["shm_left"] == [name] and "shm_left" not in result["runs"]["pure"][0]
+    assert f"warning: ours left in /dev/shm: ['{name}']" in capsys.readouterr().err
+
+
 def test_gpu_time_times_the_batch_ours_formed_unless_one_is_given():
     ours_runs = [{"fps": 1.0, "inference_batch": 37}, {"fps": 1.0, "inference_batch": 41}, {"fps": 1.0}]
     assert bench.gpu_time_batch(bench_args(), ours_runs) == (39, "the ours leg's mean inference batch")

@@ -123,7 +123,10 @@ def test_the_bench_steps_legs_and_their_command_lines(tmp_path):
     assert "no episode length" in left_out["pure_episodes"] and "no Sample Factory wheels" in left_out["sf"]
     assert "--sf_python" not in gpu_check.bench_command(bare, "doom_basic", legs, 1, "/w/p.json")
     with pytest.raises(SystemExit):
-        gpu_check.parse_args(["plan", "--extra_legs", "ours_fp32"])
+        gpu_check.parse_args(["plan", "--extra_legs", "ours_fp16"])
+    check.args.extra_legs, check.args.skip_legs = ["ours_fp32"], ["pure"]  # a rerun with pure's figure already
+    assert gpu_check.bench_legs(check, "doom_1pw") == (["ours", "ours_fp32", "sf"], {})
+    assert gpu_check.bench_legs(check, "atari") == (["ours", "sf"], {})
 
 
 def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
