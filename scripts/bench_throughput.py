@@ -477,7 +477,7 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
         command = ours_command(args, [*flags, *extra_flags], train_dir, args.report_every)
         lines, exit_code = run_logged_until(command, args.warmup + args.seconds + args.report_every,
                                             started=trained_frames_of_ours, first_line_s=FIRST_LINE_S)
-    fps, busy, lags, batches, points = [], [], [], [], []
+    fps, busy, lags, batches, points, status = [], [], [], [], [], []
     start = next((when for when, line in lines if trained_frames_of_ours(line)), None)
     for when, line in lines:
         frames = trained_frames_of_ours(line)
@@ -492,8 +492,11 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
             if OURS_BATCH.search(line):
                 batches.append(int(OURS_BATCH.search(line).group(1)))
         points.append((when, frames))
+        status.append(line)
     fps, points = fps[:-1], points[:-1]  # the last line is printed at shutdown, over a part-window
     result = measured_fps(fps, points)
+    if len(status) > 1:  # the last whole window's line: its stage shares say where each process's time went
+        result["status_line"] = status[-2]
     if not fps:
         result["log_tail"] = [line for _, line in lines[-15:]]
     if start is None:

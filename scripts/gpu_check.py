@@ -869,6 +869,7 @@ def bench_details(figures: dict) -> dict:
                                                  "ours_over_pure_sim", "ours_over_pure_episodes", "ours_over_sf")},
             "ours_busy_percent": ours.get("busy_percent"), "ours_policy_lag": ours.get("lag_avg"),
             "ours_inference_batch": ours.get("inference_batch"), "ours_windows": ours.get("window_fps"),
+            "ours_status_line": ours.get("status_line"),
             "sf_windows": sf.get("window_fps"), "sf_log_tail": sf.get("log_tail"),
             "pure_episode_frames": first("pure_episodes").get("episode_frames"), "gpu_time": first("gpu_time") or None,
             "ours_fp32_fps": figures.get("ours_fp32_fps"), "precision": figures.get("precision"),

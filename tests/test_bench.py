@@ -214,6 +214,7 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     ours = figures["runs"]["ours"][0]
     assert set(ours["busy_percent"]) == {"env", "inference", "learner"}
     assert all(0 <= busy <= 100 for busy in ours["busy_percent"].values()) and ours["busy_percent"]["learner"] > 0
+    assert "trained" in ours["status_line"] and " sgd " in ours["status_line"]  # the stage shares, kept
     assert processes_tagged(tag) == []  # and conftest checks /dev/shm
     saved = json.loads((tmp_path / "result.json").read_text())  # the result file: figures and where they came from
     assert saved["results"][0]["ours_fps"] == figures["ours_fps"]
