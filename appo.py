@@ -322,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "waits on, run first; a worker and its games then hand each step over on one core "
                              "(the Doom family's default: docs/measurements.md)")
 
+    system.add_argument("--compile", action="switch", default=False,
+                        help="torch.compile the model's encoder (the convolutions, most of the compute) in the "
+                             "policy workers and the learners: the same code, fused by the compiler; each of "
+                             "those processes compiles it first (tens of seconds; docs/results/throughput.md)")
+
     for extra in EXTRAS:  # the extras below the core: their own flags
         extra.add_flags(parser)
     return parser
@@ -1688,6 +1693,33 @@ def sleeping_event() -> "torch.cuda.Event":
     return torch.cuda.Event(blocking=True)
 
 
+@contextlib.contextmanager
+def beating(run: "RunState", process_index: int, every_s: float = 1.0):
+    """This process's heartbeat from a thread while the block runs (a long step that cannot beat)."""
+    done = threading.Event()
+
+    def beat():
+        while not done.wait(every_s):
+            run.beat(process_index)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def compiled_encoder(model: "ActorCritic", cfg, fixed_shapes: bool) -> "ActorCritic":
+    """--compile: the model's one encode path, wrapped by torch.compile (an attribute of this
+    instance, so its state_dict and every other method are unchanged). A policy worker's batches
+    vary in size (`fixed_shapes` False: one graph for every size); a learner's do not."""
+    if cfg.compile:
+        model.encode = torch.compile(model.encode, dynamic=not fixed_shapes)
+    return model
+
+
 def use_device(device: torch.device | str):
     """Makes `device` the calling thread's current CUDA device. Events record on the current device's
     stream: without this a process on cuda:1 (torchrun, LOCAL_RANK 1) would wait on cuda:0's. Plain
@@ -2530,6 +2562,7 @@ class PolicyWorker:
         self.device = torch.device(cfg.device)
         self.on_gpu = self.device.type == "cuda"
         self.model = ActorCritic(*spaces_pair, cfg).to(self.device).eval().keep_encoder_in_compute_dtype()
+        compiled_encoder(self.model, cfg, fixed_shapes=False)
         self.weights, self.requests = shared.weights[policy_id], shared.request_queues[policy_id]
         self.control = shared.slots.control
         self.obs_keys = list(self.model.encoders)
@@ -2621,6 +2654,14 @@ class PolicyWorker:
         self.forward_events[1].record()
         return outputs
 
+    def warm_up(self):
+        """The model on a batch of 1 and one of 2 (torch.compile specialises size 1 and generalises
+        from 2), so that --compile compiles before the first request, not during it. No action is
+        sampled: the random numbers stay the run's."""
+        with torch.inference_mode():
+            for n in (1, 2):
+                self.model({key: self.inputs[key][:n] for key in self.obs_keys}, self.inputs["rnn_state"][:n])
+
     def take_report(self) -> dict:
         """This worker's stage times (on a GPU also "forward_gpu", the forward passes' GPU time)
         and its samples and batches since the last report, for the runner."""
@@ -2678,6 +2719,9 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
     use_device(cfg.device)
     parent = os.getppid()
     worker = PolicyWorker(policy_id, cfg, shared, spaces_pair)
+    if cfg.compile:
+        with beating(shared.run, process_index):  # compiling is long and silent: the runner must not restart it
+            worker.warm_up()
     busy_s, last_report = 0.0, time.monotonic()
     while not shared.run.should_stop() and parent_alive(parent):
         shared.run.beat(process_index)
@@ -2836,7 +2880,7 @@ class Learner:
         # a copy: population-based training changes this policy's learning rate and exploration coefficient
         self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
-        self.model = ActorCritic(*spaces_pair, cfg).to(self.device)
+        self.model = compiled_encoder(ActorCritic(*spaces_pair, cfg).to(self.device), cfg, fixed_shapes=True)
         # fused: one kernel for the whole update, and it skips a non-finite step on the device (optimizer_step)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,

@@ -860,6 +860,42 @@ def test_a_checkpoint_resumes_across_fused_and_plain_adam_and_the_next_step_is_t
     assert all(state["step"].item() == 2 for state in resumed.optimizer.state.values())
 
 
+@pytest.mark.slow
+def test_compile_wraps_the_one_encode_path_and_computes_what_it_computes(tmp_path):
+    """--compile: the encoder of a policy worker's model (any batch size) and of a learner's is
+    torch.compile'd around the same code: the same outputs and gradients, the same state_dict."""
+    cfg = small_cfg(train_dir=str(tmp_path), encoder_dtype="float32", compile=True)
+    torch.manual_seed(0)
+    plain = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg(encoder_dtype="float32"))
+    compiled = appo.compiled_encoder(copy.deepcopy(plain), cfg, fixed_shapes=False)
+    assert "encode" in vars(compiled) and "encode" not in vars(plain)
+    assert list(compiled.state_dict()) == list(plain.state_dict())
+    for n in (2, 5, 1):  # sizes a policy worker sees: one graph from 2 on, size 1 apart
+        obs = {"obs": torch.randint(0, 256, (n, 3, 36, 64), dtype=torch.uint8), "measurements": torch.randn(n, 5)}
+        torch.testing.assert_close(compiled.encode(obs), plain.encode(obs), rtol=1e-4, atol=1e-4)
+    obs = {"obs": torch.randint(0, 256, (6, 3, 36, 64), dtype=torch.uint8), "measurements": torch.randn(6, 5)}
+    for model in (plain, compiled):
+        model.zero_grad()
+        model.encode(obs).square().sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), compiled.parameters()):
+        if a.grad is not None:
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-4, msg=name)
+    assert appo.compiled_encoder(plain, small_cfg(), fixed_shapes=True) is plain and "encode" not in vars(plain)
+
+
+def test_a_long_silent_step_keeps_beating_while_it_runs_and_stops_after():
+    """A policy worker compiling with --compile sends no heartbeat of its own for tens of seconds:
+    `beating` sends them from a thread, so the runner does not restart it as hung."""
+    beats = []
+    run = types.SimpleNamespace(beat=beats.append)  # RunState.beat writes shared memory; here a list
+    with appo.beating(run, process_index=3, every_s=0.05):
+        time.sleep(0.5)
+    assert len(beats) >= 5 and set(beats) == {3}
+    after = len(beats)
+    time.sleep(0.2)
+    assert len(beats) == after  # the thread ended with the block
+
+
 def test_a_process_on_plain_cuda_leaves_the_current_device_as_it_is(monkeypatch):
     """The GPU check of 2026-11-28 found torch.cuda.set_device("cuda") raising in every learner and
     policy worker: only an indexed device (torchrun's cuda:N) is set."""
