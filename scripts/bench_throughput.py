@@ -20,6 +20,8 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
              hardware has it), with how busy each kind of process was, the policy lag and, where
              its status line gives it, the policy workers' mean batch
   ours_fp32  the same with --encoder_dtype float32: Sample Factory's precision
+  ours_compile  the same with --compile (torch.compile around the encoder); its start-up, from
+             launch to the first trained frames, compiling included, is in each run's first_trained_s
   sf         Sample Factory 2.1.1 with the same configuration, the same SGD work per batch
              (epochs, minibatches), collection mode, policy workers and device (`--device gpu`
              where ours runs on cuda), from its own log (needs --sf_python;
@@ -70,7 +72,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_learner  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LEGS = ["pure", "pure_episodes", "gpu_time", "ours", "ours_fp32", "sf"]
+LEGS = ["pure", "pure_episodes", "gpu_time", "ours", "ours_fp32", "ours_compile", "sf"]
+OURS_VARIANTS = {"ours_fp32": ("--encoder_dtype", "float32"), "ours_compile": ("--compile",)}  # leg: its flags
 RENAMED_LEGS = {"ceiling": "gpu_time"}  # it bounded nothing: the model's stages run in different processes
 NO_CHECKPOINTS = ["--save_every_sec", "100000"]  # both trainers: no checkpoint during a measurement
 FIRST_LINE_S = 180.0  # a trainer that has not trained by then is stopped (VizDoom's first start is slow)
@@ -501,6 +504,8 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
         result["log_tail"] = [line for _, line in lines[-15:]]
     if start is None:
         result["error"] = no_start("status line with frames trained", exit_code, FIRST_LINE_S)
+    else:
+        result["first_trained_s"] = round(start, 1)  # the start-up: launch to the first frames trained
     if busy:
         result["busy_percent"] = dict(zip(["env", "inference", "learner"], np.median(busy, axis=0).tolist()))
     result["lag_avg"] = statistics.median(lags) if lags else None
@@ -624,7 +629,8 @@ def leg_precision(args, flags: list[str]) -> dict:
     where the device computes it natively), float32 for ours_fp32 and for Sample Factory 2.1.1, which
     has no reduced-precision setting. The pure-simulation legs run no model."""
     ours = ours_resolved(args, flags).encoder_dtype
-    return {"ours": f"{ours} encoder", "gpu_time": f"{ours} encoder", "ours_fp32": "float32 encoder", "sf": "float32"}
+    return {"ours": f"{ours} encoder", "gpu_time": f"{ours} encoder", "ours_fp32": "float32 encoder",
+            "ours_compile": f"{ours} encoder", "sf": "float32"}
 
 
 def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
@@ -647,8 +653,8 @@ def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
                                                   min(args.seconds, GPU_TIME_SECONDS), batch, source))
             elif leg == "ours":
                 runs[leg].append(measure_ours(args, flags))
-            elif leg == "ours_fp32":
-                runs[leg].append(measure_ours(args, flags, ("--encoder_dtype", "float32")))
+            elif leg in OURS_VARIANTS:
+                runs[leg].append(measure_ours(args, flags, OURS_VARIANTS[leg]))
             else:
                 runs[leg].append(measure_sample_factory(args, flags))
             left = sorted(set(os.listdir("/dev/shm")) - shm_before)  # which leg left it (a trainer's own cleanup)
@@ -672,10 +678,12 @@ def configuration_result(args, envs_per_worker: int, flags: list[str], runs: dic
               "precision": leg_precision(args, flags),
               "policy_workers_per_policy": getattr(args, "policy_workers_per_policy", None),
               "pure_sim_fps": fps["pure"], "pure_episodes_fps": fps["pure_episodes"], "ours_fps": fps["ours"],
-              "ours_fp32_fps": fps["ours_fp32"], "sf_fps": fps["sf"], "runs": runs}
+              "ours_fp32_fps": fps["ours_fp32"], "ours_compile_fps": fps["ours_compile"], "sf_fps": fps["sf"],
+              "runs": runs}
     for name, baseline in (("pure_sim", "pure"), ("pure_episodes", "pure_episodes"), ("sf", "sf")):
         result[f"ours_over_{name}"] = fps["ours"] / fps[baseline] if fps["ours"] and fps[baseline] else None
-    result["ours_fp32_over_sf"] = fps["ours_fp32"] / fps["sf"] if fps["ours_fp32"] and fps["sf"] else None
+    for leg in OURS_VARIANTS:
+        result[f"{leg}_over_sf"] = fps[leg] / fps["sf"] if fps[leg] and fps["sf"] else None
     return result
 
 
@@ -685,13 +693,13 @@ def format_table(results: list[dict]) -> str:
             return "-"
         return f"{value:.2f}" if ratio else f"{value:,.0f}"
 
-    header = ["env", "envs", "pure sim", "pure episodes", "ours", "ours fp32", "SF", "ours/pure",
-              "ours/pure episodes", "ours/SF", "ours fp32/SF"]
+    header = ["env", "envs", "pure sim", "pure episodes", "ours", "ours fp32", "ours compile", "SF", "ours/pure",
+              "ours/pure episodes", "ours/SF", "ours fp32/SF", "ours compile/SF"]
     rows = [[r["env"], str(r["num_envs"]), cell(r["pure_sim_fps"]), cell(r.get("pure_episodes_fps")),
-             cell(r["ours_fps"]), cell(r["ours_fp32_fps"]), cell(r["sf_fps"]), cell(r["ours_over_pure_sim"], True),
-             cell(r.get("ours_over_pure_episodes"), True), cell(r["ours_over_sf"], True),
-             cell(r["ours_fp32_over_sf"], True)]
-            for r in results]  # (.get: result files from before the pure_episodes leg)
+             cell(r["ours_fps"]), cell(r["ours_fp32_fps"]), cell(r.get("ours_compile_fps")), cell(r["sf_fps"]),
+             cell(r["ours_over_pure_sim"], True), cell(r.get("ours_over_pure_episodes"), True),
+             cell(r["ours_over_sf"], True), cell(r["ours_fp32_over_sf"], True), cell(r.get("ours_compile_over_sf"), True)]
+            for r in results]  # (.get: result files from before the pure_episodes and ours_compile legs)
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
     lines = [" | ".join(text.rjust(width) for text, width in zip(row, widths)) for row in [header] + rows]
     lines.insert(1, "-+-".join("-" * width for width in widths))
@@ -706,7 +714,7 @@ def format_table(results: list[dict]) -> str:
         if any(len(fps) > 1 for fps in per_run.values()):
             details.append(f"{r['num_envs']} envs, every run: " + "; ".join(
                 f"{leg} " + " ".join(f"{fps:,.0f}" for fps in values) for leg, values in per_run.items() if values))
-        for leg in ("ours", "ours_fp32", "sf"):
+        for leg in ("ours", *OURS_VARIANTS, "sf"):
             leg_runs = [run for run in r["runs"].get(leg, []) if run.get("fps")]
             if leg_runs:
                 run = leg_runs[len(leg_runs) // 2]
@@ -717,6 +725,8 @@ def format_table(results: list[dict]) -> str:
                     text += ", busy " + " ".join(f"{k} {v:.0f}%" for k, v in run["busy_percent"].items())
                 if run.get("lag_avg") is not None:
                     text += f", policy lag {run['lag_avg']:.1f}"
+                if run.get("first_trained_s") is not None:
+                    text += f", first frames trained {run['first_trained_s']:.0f} s after launch"
                 details.append(text)
     return "\n".join(lines + ["", "FPS = env frames trained per second (frameskip included), both trainers; "
                                 "medians over runs. ours: appo.py's defaults (encoder precision: --encoder_dtype "

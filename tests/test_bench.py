@@ -203,7 +203,8 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     # the precision each trainer leg ran: the ours leg as appo.py resolves --encoder_dtype auto here
     ours_dtype = appo.parse_args(["--env", "doom_basic"]).encoder_dtype
     assert figures["precision"] == {"ours": f"{ours_dtype} encoder", "gpu_time": f"{ours_dtype} encoder",
-                                    "ours_fp32": "float32 encoder", "sf": "float32"}
+                                    "ours_fp32": "float32 encoder", "ours_compile": f"{ours_dtype} encoder",
+                                    "sf": "float32"}
     assert figures["ours_over_pure_sim"] == pytest.approx(figures["ours_fps"] / figures["pure_sim_fps"])
     assert figures["runs"]["pure_episodes"][0]["episode_frames"] == 24
     assert list(figures["runs"])[-1] == "gpu_time"  # run after ours, whose batch it times
@@ -215,6 +216,7 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     assert set(ours["busy_percent"]) == {"env", "inference", "learner"}
     assert all(0 <= busy <= 100 for busy in ours["busy_percent"].values()) and ours["busy_percent"]["learner"] > 0
     assert "trained" in ours["status_line"] and " sgd " in ours["status_line"]  # the stage shares, kept
+    assert 0 < ours["first_trained_s"] < 120  # the start-up, launch to the first frames trained
     assert processes_tagged(tag) == []  # and conftest checks /dev/shm
     saved = json.loads((tmp_path / "result.json").read_text())  # the result file: figures and where they came from
     assert saved["results"][0]["ours_fps"] == figures["ours_fps"]
