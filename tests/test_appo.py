@@ -792,7 +792,13 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     (a GPU: here forced on the CPU, whose fused Adam takes the same found_inf), a step of four SGD
     steps reads once, to publish; a step whose report is due reads its statistics once more. Its
     RNN runs over episode segments planned from the batch's host copy of the dones (the cell steps
-    only for GAE's bootstrap)."""
+    only for GAE's bootstrap).
+
+    What it counts is calls to the patched Tensor methods above, on the CPU: a read they do not
+    cover (torch.nonzero, np.asarray of a tensor, a sync inside a kernel) goes unseen. The GPU's
+    real synchronisations are counted by tests/test_cuda.py's
+    test_a_learner_step_on_the_gpu_waits_for_it_at_most_once_when_no_report_is_due (torch's sync
+    debug mode), which passed on an H200 on 2026-11-28."""
     monkeypatch.setattr(appo, "host_reads_stall", lambda device: True)
     cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=with_vtrace, num_epochs=2, num_batches_per_epoch=2,
                     normalize_returns=True, normalize_input=True)
