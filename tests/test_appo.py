@@ -17,6 +17,7 @@ import torch
 from gymnasium import spaces
 
 import appo
+import appo_ipc
 from conftest import processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1467,7 +1468,8 @@ def test_busy_fractions_never_read_above_one():
 
 def test_the_status_line_shows_where_the_learners_time_went_and_keeps_its_last_statistics():
     """Item 1 of issue 50: a user sees which stage of a busy learner binds. The learner sends its
-    loss statistics only about once a second: a step without them keeps the last ones."""
+    loss statistics only about once a second: a step without them keeps the last ones. The stages
+    here are written by hand; the next test has a real Learner send them."""
     cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2"])
     stats = appo.Stats(1)
     stats.last_report_time = time.monotonic() - 2.0  # an interval of about two seconds
@@ -1482,6 +1484,45 @@ def test_the_status_line_shows_where_the_learners_time_went_and_keeps_its_last_s
     assert "lag 0/1.5/3" in line
     assert re.search(r"learner wait 2\d% copy 5% sgd 6\d% publish 10%", line), line
     assert stats.stage_shares["learner", "sgd"] == pytest.approx(1.3 / 2.0, abs=0.05)
+
+
+def test_a_learner_in_its_own_loop_reports_where_its_time_went(tmp_path):
+    """The learner stages of the status line come from a real Learner.run: its loop times the
+    wait for a batch, its batcher thread the copy out of the slots, its step the SGD and the
+    publish, and the step's report to the runner carries all four."""
+    cfg = small_cfg(train_dir=str(tmp_path))
+    trajectories = appo.trajectories_per_batch(cfg)
+    slots = appo.RolloutSlots(appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg), num_slots=trajectories,
+                              rollout=cfg.rollout, num_workers=1, num_splits=1)
+    slots.tensors["log_prob"].fill_(-2.0)
+    slots.tensors["valid"].fill_(1.0)
+    run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
+    reports = []
+
+    def report_and_stop(message):  # the runner's stats queue: one report is enough
+        reports.append(message)
+        run.stop[0] = 1
+
+    shared = types.SimpleNamespace(slots=slots, run=run, learner_queues=[appo_ipc.Queue(1 << 16)],
+                                   stats_queue=types.SimpleNamespace(put=report_and_stop),
+                                   weights=[appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))],
+                                   hyperparams=appo.PolicyHyperparams(cfg, None))
+    learner = appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+    handed_off = []  # as a rollout worker hands its finished slots to the learner
+    for _ in range(trajectories):
+        slot = slots.control.acquire(0, timeout=1.0)
+        handed_off.append((slot, slots.control.generation(slot), 0))
+    shared.learner_queues[0].put_many(handed_off)
+    learner.run(process_index=0)
+    (report,) = reports
+    assert report["policy_version"] == 1
+    assert set(report["stages"]) == {"wait", "copy", "sgd", "publish"}, report["stages"]
+    assert report["stages"]["wait"] >= 0.0, report["stages"]
+    assert all(report["stages"][stage] > 0.0 for stage in ("copy", "sgd", "publish")), report["stages"]
+    stats = appo.Stats(1)
+    stats.consume(report)
+    line = appo.status_line(cfg, stats, types.SimpleNamespace(run=run), elapsed=1.0)
+    assert re.search(r"learner wait \d+% copy \d+% sgd \d+% publish \d+%", line), line
 
 
 def status_line_of(num_policies: int, objective_is_return: bool = True) -> str:
