@@ -3809,15 +3809,19 @@ class Reporting(Extra):
         self.first_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies  # see did_not_learn
 
     def report(self, run: Run):
-        self.best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
-                             for best, returns in zip(self.best_returns, run.stats.episode_returns)]
+        self.count_toward_best(run)
         self.first_windows = [first or ((float(np.mean(returns)), float(np.std(returns) / np.sqrt(len(returns))))
                                         if len(returns) == returns.maxlen else None)
                               for first, returns in zip(self.first_windows, run.stats.episode_returns)]
         self.summaries.write(run)
 
+    def count_toward_best(self, run: Run):
+        self.best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
+                             for best, returns in zip(self.best_returns, run.stats.episode_returns)]
+
     def stop(self, run: Run):
         cfg = run.cfg
+        self.count_toward_best(run)  # the last status line, printed just before, is one too
         run.result = final_result(cfg, run.stats, run.shared, run.elapsed, self.best_returns, run.exit_code)
         if cfg.rank == 0:
             self.summaries.write(run)
@@ -3864,8 +3868,7 @@ def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None
         lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
                      f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
         first = (first_windows or [None] * cfg.num_policies)[policy_id]
-        last = result.average_returns[policy_id] if result.games_averaged[policy_id] == 100 else float("-inf")
-        if did_not_learn(first, max(result.best_average_returns[policy_id], last)):
+        if did_not_learn(first, result.best_average_returns[policy_id]):
             lines.append(f"{prefix}the 100-game average never rose above its first ({first[0]:.2f}); flags to try: "
                          "a longer --train_for_env_steps, --exploration_loss_coeff 0.01 (sparse rewards), --gamma "
                          "0.999 (long games), --learning_rate 0.0003 (docs/environments.md, \"When a run does not "

@@ -7,9 +7,11 @@ import os
 import re
 import subprocess
 import sys
+import types
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 import appo
@@ -277,6 +279,22 @@ def test_a_run_whose_score_never_rose_above_its_first_100_games_ends_naming_flag
         assert "--exploration_loss_coeff" in hint[0] and "When a run does not learn" in hint[0]
     assert appo.did_not_learn((-200.0, 0.0), -200.0) and not appo.did_not_learn((-200.0, 1.0), -197.0)
     assert not appo.did_not_learn(None, 10.0)  # never 100 games at a status line: nothing to say
+
+
+def test_the_best_100_game_average_counts_the_last_status_line(tmp_path, capsys):
+    """A forker's run ended "average return 68.09 ... best 64.59": the runner prints its last status
+    line as it stops, after the last report, and that line's average was left out of the best."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--train_dir", str(tmp_path)])
+    frames = types.SimpleNamespace(worker_frames=np.array([2000]), learner_frames=np.array([2000]))
+    run = appo.Run(cfg, False, types.SimpleNamespace(run=frames), model=None, stats=appo.Stats(1), workers=None)
+    reporting = appo.Reporting(run)
+    run.stats.episode_returns[0].extend([10.0] * 100)
+    reporting.report(run)  # a status line's report
+    run.stats.episode_returns[0].extend([20.0] * 100)  # games that ended after it
+    reporting.stop(run)
+    assert run.result.best_average_returns == [20.0]
+    assert ("average return 20.00 over the last 100 games (best 100-game average at a status line 20.00)"
+            in capsys.readouterr().out)
 
 
 def test_a_run_shows_its_progress_against_the_budget_ends_with_a_summary_and_returns_its_figures(tmp_path, capsys):
