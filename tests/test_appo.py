@@ -1352,6 +1352,24 @@ def test_the_flag_tables_of_the_docs_are_the_parsers_names_defaults_and_help():
     assert update_flag_docs.flag_tables() in page, "run python scripts/update_flag_docs.py"
 
 
+def test_a_help_text_with_a_pipe_stays_one_row_of_the_flag_tables(monkeypatch):
+    """A forker's help "a || b" split its row of docs/flags.md into more cells than the header's."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import update_flag_docs
+
+    build_parser = appo.build_parser
+
+    def with_a_piped_help():
+        parser = build_parser()
+        parser.add_argument("--piped", default="x|y", help="train || evaluate")
+        return parser
+
+    monkeypatch.setattr(appo, "build_parser", with_a_piped_help)
+    (row,) = [line for line in update_flag_docs.flag_tables().splitlines() if "--piped" in line]
+    cells = re.split(r"(?<!\\)\|", row)[1:-1]  # split at the unescaped pipes, as GitHub does
+    assert [cell.strip() for cell in cells] == ["`--piped`", "x\\|y", "train \\|\\| evaluate"], row
+
+
 def test_the_docs_document_every_flag():
     with open(os.path.join(REPO, "docs", "flags.md")) as f:
         page = f.read()
