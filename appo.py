@@ -4374,7 +4374,8 @@ class Evaluation(Extra):
 
 
 def load_policy_for_eval(cfg) -> dict:
-    """The checkpoint to play (--checkpoint or the experiment's latest); its flags override cfg's."""
+    """The checkpoint to play (--checkpoint or the experiment's latest); its model and env flags override
+    cfg's, with a note for each one the command line gave otherwise."""
     if cfg.checkpoint is not None:
         try:
             checkpoint = torch.load(cfg.checkpoint, map_location="cpu", weights_only=True)
@@ -4392,6 +4393,9 @@ def load_policy_for_eval(cfg) -> dict:
                               f"use --env {saved['env']}")
     for flag in MODEL_FLAGS + ["env_frameskip", *envs.trained_flags(cfg.env)]:  # the model and env it was trained with
         if flag in saved:
+            if flag in cfg.flags_given and getattr(cfg, flag) != saved[flag]:  # never a silent change
+                print(f"note: --{flag} {getattr(cfg, flag)} from the command line replaced by the checkpoint's "
+                      f"{saved[flag]}", flush=True)
             setattr(cfg, flag, saved[flag])
     return checkpoint
 
