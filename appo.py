@@ -1816,6 +1816,7 @@ class Shared:
     learner_queues: list[appo_ipc.Queue]   # per policy: (slot, slot generation, worker) of finished trajectories
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
+    resumed_frames: int = 0                # env frames its checkpoints had trained, in a resumed run
 
 
 class InProcessQueue:
@@ -1867,11 +1868,12 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     make_queue = (lambda capacity: InProcessQueue()) if cfg.serial_mode else appo_ipc.Queue
     specs = rollout_buffer_specs(*probe.spaces, cfg)
     weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
-    weights = []
+    weights, resumed_frames = [], 0
     for policy_id in range(cfg.num_policies):
         shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
         if checkpoint is not None:  # policy workers act with the resumed weights from the start
+            resumed_frames += checkpoint["env_frames"]
             mismatch = checkpoint_mismatch(model, checkpoint["model"])
             if mismatch:
                 raise CheckpointError(f"the checkpoint in {checkpoint_dir(cfg, policy_id)} was made by a different "
@@ -1889,6 +1891,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
         learner_queues=[make_queue(1 << 20) for _ in range(cfg.num_policies)],
         stats_queue=make_queue(8 << 20),
         run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
+        resumed_frames=resumed_frames,
     )
 
 
@@ -3472,7 +3475,7 @@ MOST_POLICIES_SHOWN = 2  # each one's figures on the status line; with more, the
 
 
 def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
-    frames = frames_collected(cfg, shared)
+    frames = shared.resumed_frames + frames_collected(cfg, shared)  # since the experiment began, as "trained"
     parts = [f"[{elapsed:7.0f}s] frames {frames:,}",
              "FPS 10s/60s/300s " + "/".join(f"{stats.fps(w):,.0f}" for w in (10, 60, 300)),
              f"samples/s {stats.fps(60) / cfg.env_frameskip:,.0f}"]

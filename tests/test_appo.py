@@ -919,7 +919,7 @@ def test_an_objective_that_returns_only_its_loss_trains_and_the_status_line_show
     runner = appo.Stats(1)
     runner.consume({"type": "learner", "policy_id": 0, "train_s": 0.1, "policy_version": 1, **stats})
     shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([100, 100]),
-                                                             learner_frames=np.array([200])))
+                                                             learner_frames=np.array([200])), resumed_frames=0)
     assert "| trained 200" in appo.status_line(cfg, runner, shared, elapsed=1.0)
 
 
@@ -1497,7 +1497,7 @@ def test_the_status_line_shows_where_the_learners_time_went_and_keeps_its_last_s
     stats.consume({"type": "learner", "policy_id": 0, "train_s": 0.1, "policy_version": 8, "stages": {"sgd": 0.1}})
     assert stats.learner[0]["policy_version"] == 8 and stats.learner[0]["loss"] == 0.25
     shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([100, 100]),
-                                                             learner_frames=np.array([200])))
+                                                             learner_frames=np.array([200])), resumed_frames=0)
     line = appo.status_line(cfg, stats, shared, elapsed=2.0)
     assert "lag 0/1.5/3" in line
     assert re.search(r"learner wait 2\d% copy 5% sgd 6\d% publish 10%", line), line
@@ -1539,7 +1539,7 @@ def test_a_learner_in_its_own_loop_reports_where_its_time_went(tmp_path):
     assert all(report["stages"][stage] > 0.0 for stage in ("copy", "sgd", "publish")), report["stages"]
     stats = appo.Stats(1)
     stats.consume(report)
-    line = appo.status_line(cfg, stats, types.SimpleNamespace(run=run), elapsed=1.0)
+    line = appo.status_line(cfg, stats, types.SimpleNamespace(run=run, resumed_frames=0), elapsed=1.0)
     assert re.search(r"learner wait \d+% copy \d+% sgd \d+% publish \d+%", line), line
 
 
@@ -1557,7 +1557,7 @@ def status_line_of(num_policies: int, objective_is_return: bool = True) -> str:
             stats.consume({"type": "episode", "policy_id": policy_id, "true_return": score, "true_length": 300,
                            "true_objective": score if objective_is_return else float(game % 4 == 0)})
     run = argparse.Namespace(worker_frames=np.full(8, 136_250), learner_frames=np.full(num_policies, 1_000_000))
-    return appo.status_line(cfg, stats, argparse.Namespace(run=run), elapsed=3600.0)
+    return appo.status_line(cfg, stats, argparse.Namespace(run=run, resumed_frames=0), elapsed=3600.0)
 
 
 def test_the_status_line_of_many_policies_shows_their_aggregate_at_a_bounded_width():

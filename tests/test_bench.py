@@ -31,7 +31,7 @@ def test_the_benchmark_reads_fps_busy_time_and_lag_from_our_status_line():
     stats.last_report_time -= 10.0
     stats.busy_s.update({"env": 6.0, "inference": 4.0, "learner": 9.0})  # over 10 s, 2 workers
     shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([20_000, 13_000]),
-                                                             learner_frames=np.array([30_000])))
+                                                             learner_frames=np.array([30_000])), resumed_frames=0)
     line = appo.status_line(cfg, stats, shared, elapsed=42.0)
     assert bench.trained_frames_of_ours(line) == 30_000, line  # frames trained: what Sample Factory's FPS counts
     assert bench.OURS_BUSY.search(line).groups() == ("30", "40", "90"), line

@@ -199,6 +199,18 @@ def test_restart_behavior_resumes_by_default_restart_moves_the_old_folder_aside_
     assert json.loads((tmp_path / "e" / "config.json").read_text())["hidden_size"] == 32  # not the 16 run's
 
 
+def test_a_resumed_run_counts_its_frames_from_the_checkpoint_as_it_counts_those_trained(tmp_path, capsys):
+    """A forker's resumed run showed frames from 0 beside a trained count from the checkpoint: both
+    count since the experiment began now, so frames collected are never fewer than those trained."""
+    first = appo.train(appo.parse_args(small_serial_run(tmp_path, "--train_for_env_steps", "2000")))
+    resumed = appo.train(appo.parse_args(small_serial_run(tmp_path, "--train_for_env_steps", "2500")))
+    status = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    frames = int(re.search(r"frames ([\d,]+)", status[-1]).group(1).replace(",", ""))
+    assert first.frames_trained[0] >= 2000 and resumed.frames_trained[0] > first.frames_trained[0]
+    assert frames == first.frames_trained[0] + resumed.frames_collected, status[-1]  # the checkpoint's, and this run's
+    assert frames >= resumed.frames_trained[0], status[-1]
+
+
 @pytest.mark.parametrize("flags, expected", [([], True), (["--async_rl"], True), (["--no-async_rl"], False),
                                              (["--async_rl=False"], False), (["--async_rl=True"], True),
                                              (["--async_rl", "false"], False)])
