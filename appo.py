@@ -3471,11 +3471,17 @@ def frames_collected(cfg, shared: Shared) -> int:
     return int(shared.run.worker_frames.sum())
 
 
+def experiment_frames(cfg, shared: Shared) -> int:
+    """Env frames collected since the experiment began: what its checkpoints had trained when this
+    run resumed, and this run's (the status line's frames and TensorBoard's step)."""
+    return shared.resumed_frames + frames_collected(cfg, shared)
+
+
 MOST_POLICIES_SHOWN = 2  # each one's figures on the status line; with more, their aggregate
 
 
 def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
-    frames = shared.resumed_frames + frames_collected(cfg, shared)  # since the experiment began, as "trained"
+    frames = experiment_frames(cfg, shared)  # since the experiment began, as "trained"
     parts = [f"[{elapsed:7.0f}s] frames {frames:,}",
              "FPS 10s/60s/300s " + "/".join(f"{stats.fps(w):,.0f}" for w in (10, 60, 300)),
              f"samples/s {stats.fps(60) / cfg.env_frameskip:,.0f}"]
@@ -3894,7 +3900,7 @@ class Summaries:
         if self.writer is None:
             return
         cfg, stats, shared = run.cfg, run.stats, run.shared
-        frames = frames_collected(cfg, shared)
+        frames = experiment_frames(cfg, shared)  # a resumed run's curves go on from where they stopped
         scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts,
                    **{f"perf/busy_{kind}": share for kind, share in stats.busy_shares.items()},
                    **{f"perf/{kind}_{stage}": share for (kind, stage), share in stats.stage_shares.items()}}

@@ -201,7 +201,8 @@ def test_restart_behavior_resumes_by_default_restart_moves_the_old_folder_aside_
 
 def test_a_resumed_run_counts_its_frames_from_the_checkpoint_as_it_counts_those_trained(tmp_path, capsys):
     """A forker's resumed run showed frames from 0 beside a trained count from the checkpoint: both
-    count since the experiment began now, so frames collected are never fewer than those trained."""
+    count since the experiment began now, so frames collected are never fewer than those trained,
+    and TensorBoard's step (the same frames) goes on where the first run's stopped."""
     first = appo.train(appo.parse_args(small_serial_run(tmp_path, "--train_for_env_steps", "2000")))
     resumed = appo.train(appo.parse_args(small_serial_run(tmp_path, "--train_for_env_steps", "2500")))
     status = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
@@ -209,6 +210,10 @@ def test_a_resumed_run_counts_its_frames_from_the_checkpoint_as_it_counts_those_
     assert first.frames_trained[0] >= 2000 and resumed.frames_trained[0] > first.frames_trained[0]
     assert frames == first.frames_trained[0] + resumed.frames_collected, status[-1]  # the checkpoint's, and this run's
     assert frames >= resumed.frames_trained[0], status[-1]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "e" / "tb"), purge_orphaned_data=False).Reload()
+    steps = [event.step for event in sorted(events.Scalars("p0/frames_trained"), key=lambda event: event.wall_time)]
+    assert steps == sorted(steps) and steps[-1] == frames, steps  # TensorBoard's step: the same frames, going on
 
 
 @pytest.mark.parametrize("flags, expected", [([], True), (["--async_rl"], True), (["--no-async_rl"], False),
