@@ -65,22 +65,26 @@ def shm_entries():
 
 
 def shm_holders(names: set[str]) -> dict[str, set[int]]:
-    """For each of `names` in /dev/shm, the live processes that map it or hold it open."""
+    """For each of `names` in /dev/shm, the live processes that map it or hold it open. Matched by
+    inode: the process that makes a POSIX semaphore maps it under the temporary name glibc made it as."""
+    names_of = {}
+    for name in names:
+        with contextlib.suppress(OSError):  # removed meanwhile
+            names_of[os.stat(f"/dev/shm/{name}").st_ino] = name
     holders = {name: set() for name in names}
     for proc in glob.glob("/proc/[0-9]*"):
-        paths = []
+        inodes = set()
         try:
             with open(f"{proc}/maps") as f:
-                paths += [line.split(maxsplit=5)[-1].strip() for line in f if "/dev/shm/" in line]
-            for fd in os.listdir(f"{proc}/fd"):
+                inodes |= {int(line.split()[4]) for line in f if " /dev/shm/" in line}
+            for fd in glob.glob(f"{proc}/fd/*"):
                 with contextlib.suppress(OSError):  # closed meanwhile
-                    paths.append(os.readlink(f"{proc}/fd/{fd}"))
+                    if os.readlink(fd).startswith("/dev/shm/"):
+                        inodes.add(os.stat(fd).st_ino)
         except OSError:
             continue  # exited meanwhile, or not ours to read
-        for path in paths:
-            name = path.removeprefix("/dev/shm/").removesuffix(" (deleted)")
-            if path.startswith("/dev/shm/") and name in holders:
-                holders[name].add(int(proc.rsplit("/", 1)[1]))
+        for inode in inodes & names_of.keys():
+            holders[names_of[inode]].add(int(proc.rsplit("/", 1)[1]))
     return holders
 
 
