@@ -303,7 +303,8 @@ def test_the_best_100_game_average_counts_the_last_status_line(tmp_path, capsys)
     line as it stops, after the last report, and that line's average was left out of the best."""
     cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--train_dir", str(tmp_path)])
     frames = types.SimpleNamespace(worker_frames=np.array([2000]), learner_frames=np.array([2000]))
-    run = appo.Run(cfg, False, types.SimpleNamespace(run=frames), model=None, stats=appo.Stats(1), workers=None)
+    shared = types.SimpleNamespace(run=frames, resumed_frames=0)
+    run = appo.Run(cfg, False, shared, model=None, stats=appo.Stats(1), workers=None)
     reporting = appo.Reporting(run)
     run.stats.episode_returns[0].extend([10.0] * 100)
     reporting.report(run)  # a status line's report
