@@ -1848,6 +1848,7 @@ class Shared:
     learner_queues: list[appo_ipc.Queue]   # per policy: (slot, slot generation, worker) of finished trajectories
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
+    resumed_frames: int = 0                # env frames its checkpoints had trained, in a resumed run
 
 
 class InProcessQueue:
@@ -1899,11 +1900,12 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     make_queue = (lambda capacity: InProcessQueue()) if cfg.serial_mode else appo_ipc.Queue
     specs = rollout_buffer_specs(*probe.spaces, cfg)
     weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
-    weights = []
+    weights, resumed_frames = [], 0
     for policy_id in range(cfg.num_policies):
         shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
         if checkpoint is not None:  # policy workers act with the resumed weights from the start
+            resumed_frames += checkpoint["env_frames"]
             mismatch = checkpoint_mismatch(model, checkpoint["model"])
             if mismatch:
                 raise CheckpointError(f"the checkpoint in {checkpoint_dir(cfg, policy_id)} was made by a different "
@@ -1921,6 +1923,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
         learner_queues=[make_queue(1 << 20) for _ in range(cfg.num_policies)],
         stats_queue=make_queue(8 << 20),
         run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
+        resumed_frames=resumed_frames,
     )
 
 
@@ -3512,11 +3515,17 @@ def frames_collected(cfg, shared: Shared) -> int:
     return int(shared.run.worker_frames.sum())
 
 
+def experiment_frames(cfg, shared: Shared) -> int:
+    """Env frames collected since the experiment began: what its checkpoints had trained when this
+    run resumed, and this run's (the status line's frames and TensorBoard's step)."""
+    return shared.resumed_frames + frames_collected(cfg, shared)
+
+
 MOST_POLICIES_SHOWN = 2  # each one's figures on the status line; with more, their aggregate
 
 
 def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
-    frames = frames_collected(cfg, shared)
+    frames = experiment_frames(cfg, shared)  # since the experiment began, as "trained"
     parts = [f"[{elapsed:7.0f}s] frames {frames:,}",
              "FPS 10s/60s/300s " + "/".join(f"{stats.fps(w):,.0f}" for w in (10, 60, 300)),
              f"samples/s {stats.fps(60) / cfg.env_frameskip:,.0f}"]
@@ -3853,15 +3862,19 @@ class Reporting(Extra):
         self.first_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies  # see did_not_learn
 
     def report(self, run: Run):
-        self.best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
-                             for best, returns in zip(self.best_returns, run.stats.episode_returns)]
+        self.count_toward_best(run)
         self.first_windows = [first or ((float(np.mean(returns)), float(np.std(returns) / np.sqrt(len(returns))))
                                         if len(returns) == returns.maxlen else None)
                               for first, returns in zip(self.first_windows, run.stats.episode_returns)]
         self.summaries.write(run)
 
+    def count_toward_best(self, run: Run):
+        self.best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
+                             for best, returns in zip(self.best_returns, run.stats.episode_returns)]
+
     def stop(self, run: Run):
         cfg = run.cfg
+        self.count_toward_best(run)  # the last status line, printed just before, is one too
         run.result = final_result(cfg, run.stats, run.shared, run.elapsed, self.best_returns, run.exit_code)
         if cfg.rank == 0:
             self.summaries.write(run)
@@ -3908,8 +3921,7 @@ def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None
         lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
                      f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
         first = (first_windows or [None] * cfg.num_policies)[policy_id]
-        last = result.average_returns[policy_id] if result.games_averaged[policy_id] == 100 else float("-inf")
-        if did_not_learn(first, max(result.best_average_returns[policy_id], last)):
+        if did_not_learn(first, result.best_average_returns[policy_id]):
             lines.append(f"{prefix}the 100-game average never rose above its first ({first[0]:.2f}); flags to try: "
                          "a longer --train_for_env_steps, --exploration_loss_coeff 0.01 (sparse rewards), --gamma "
                          "0.999 (long games), --learning_rate 0.0003 (docs/environments.md, \"When a run does not "
@@ -3932,7 +3944,7 @@ class Summaries:
         if self.writer is None:
             return
         cfg, stats, shared = run.cfg, run.stats, run.shared
-        frames = frames_collected(cfg, shared)
+        frames = experiment_frames(cfg, shared)  # a resumed run's curves go on from where they stopped
         scalars = {"perf/fps": stats.fps(60), "perf/env_faults": stats.env_faults, "perf/restarts": stats.restarts,
                    **{f"perf/busy_{kind}": share for kind, share in stats.busy_shares.items()},
                    **{f"perf/{kind}_{stage}": share for (kind, stage), share in stats.stage_shares.items()}}
@@ -4415,7 +4427,8 @@ class Evaluation(Extra):
 
 
 def load_policy_for_eval(cfg) -> dict:
-    """The checkpoint to play (--checkpoint or the experiment's latest); its flags override cfg's."""
+    """The checkpoint to play (--checkpoint or the experiment's latest); its model and env flags override
+    cfg's, with a note for each one the command line gave otherwise."""
     if cfg.checkpoint is not None:
         try:
             checkpoint = torch.load(cfg.checkpoint, map_location="cpu", weights_only=True)
@@ -4433,6 +4446,9 @@ def load_policy_for_eval(cfg) -> dict:
                               f"use --env {saved['env']}")
     for flag in MODEL_FLAGS + ["env_frameskip", *envs.trained_flags(cfg.env)]:  # the model and env it was trained with
         if flag in saved:
+            if flag in cfg.flags_given and getattr(cfg, flag) != saved[flag]:  # never a silent change
+                print(f"note: --{flag} {getattr(cfg, flag)} from the command line replaced by the checkpoint's "
+                      f"{saved[flag]}", flush=True)
             setattr(cfg, flag, saved[flag])
     return checkpoint
 

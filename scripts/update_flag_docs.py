@@ -27,7 +27,9 @@ def flag_tables() -> str:
         lines += [f"**{group.title}**", "", "| flag | default | meaning |", "|---|---|---|"]
         for action in actions:
             default = MACHINE_DEPENDENT_DEFAULTS.get(action.dest, action.default)
-            lines.append(f"| `{' / '.join(action.option_strings)}` | {default} | {action.help.replace('%%', '%')} |")
+            cells = [f"`{' / '.join(action.option_strings)}`", str(default), action.help.replace("%%", "%")]
+            # a bare | ends a table cell, in code spans too: GitHub's tables take \| for one
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"
 

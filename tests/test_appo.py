@@ -17,6 +17,7 @@ import torch
 from gymnasium import spaces
 
 import appo
+import appo_ipc
 from conftest import processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -792,7 +793,13 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     (a GPU: here forced on the CPU, whose fused Adam takes the same found_inf), a step of four SGD
     steps reads once, to publish; a step whose report is due reads its statistics once more. Its
     RNN runs over episode segments planned from the batch's host copy of the dones (the cell steps
-    only for GAE's bootstrap)."""
+    only for GAE's bootstrap).
+
+    What it counts is calls to the patched Tensor methods above, on the CPU: a read they do not
+    cover (torch.nonzero, np.asarray of a tensor, a sync inside a kernel) goes unseen. The GPU's
+    real synchronisations are counted by tests/test_cuda.py's
+    test_a_learner_step_on_the_gpu_waits_for_it_at_most_once_when_no_report_is_due (torch's sync
+    debug mode), which passed on an H200 on 2026-11-28."""
     monkeypatch.setattr(appo, "host_reads_stall", lambda device: True)
     cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=with_vtrace, num_epochs=2, num_batches_per_epoch=2,
                     normalize_returns=True, normalize_input=True)
@@ -948,7 +955,7 @@ def test_an_objective_that_returns_only_its_loss_trains_and_the_status_line_show
     runner = appo.Stats(1)
     runner.consume({"type": "learner", "policy_id": 0, "train_s": 0.1, "policy_version": 1, **stats})
     shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([100, 100]),
-                                                             learner_frames=np.array([200])))
+                                                             learner_frames=np.array([200])), resumed_frames=0)
     assert "| trained 200" in appo.status_line(cfg, runner, shared, elapsed=1.0)
 
 
@@ -1381,6 +1388,24 @@ def test_the_flag_tables_of_the_docs_are_the_parsers_names_defaults_and_help():
     assert update_flag_docs.flag_tables() in page, "run python scripts/update_flag_docs.py"
 
 
+def test_a_help_text_with_a_pipe_stays_one_row_of_the_flag_tables(monkeypatch):
+    """A forker's help "a || b" split its row of docs/flags.md into more cells than the header's."""
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import update_flag_docs
+
+    build_parser = appo.build_parser
+
+    def with_a_piped_help():
+        parser = build_parser()
+        parser.add_argument("--piped", default="x|y", help="train || evaluate")
+        return parser
+
+    monkeypatch.setattr(appo, "build_parser", with_a_piped_help)
+    (row,) = [line for line in update_flag_docs.flag_tables().splitlines() if "--piped" in line]
+    cells = re.split(r"(?<!\\)\|", row)[1:-1]  # split at the unescaped pipes, as GitHub does
+    assert [cell.strip() for cell in cells] == ["`--piped`", "x\\|y", "train \\|\\| evaluate"], row
+
+
 def test_the_docs_document_every_flag():
     with open(os.path.join(REPO, "docs", "flags.md")) as f:
         page = f.read()
@@ -1497,7 +1522,8 @@ def test_busy_fractions_never_read_above_one():
 
 def test_the_status_line_shows_where_the_learners_time_went_and_keeps_its_last_statistics():
     """Item 1 of issue 50: a user sees which stage of a busy learner binds. The learner sends its
-    loss statistics only about once a second: a step without them keeps the last ones."""
+    loss statistics only about once a second: a step without them keeps the last ones. The stages
+    here are written by hand; the next test has a real Learner send them."""
     cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2"])
     stats = appo.Stats(1)
     stats.last_report_time = time.monotonic() - 2.0  # an interval of about two seconds
@@ -1507,11 +1533,50 @@ def test_the_status_line_shows_where_the_learners_time_went_and_keeps_its_last_s
     stats.consume({"type": "learner", "policy_id": 0, "train_s": 0.1, "policy_version": 8, "stages": {"sgd": 0.1}})
     assert stats.learner[0]["policy_version"] == 8 and stats.learner[0]["loss"] == 0.25
     shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([100, 100]),
-                                                             learner_frames=np.array([200])))
+                                                             learner_frames=np.array([200])), resumed_frames=0)
     line = appo.status_line(cfg, stats, shared, elapsed=2.0)
     assert "lag 0/1.5/3" in line
     assert re.search(r"learner wait 2\d% copy 5% sgd 6\d% publish 10%", line), line
     assert stats.stage_shares["learner", "sgd"] == pytest.approx(1.3 / 2.0, abs=0.05)
+
+
+def test_a_learner_in_its_own_loop_reports_where_its_time_went(tmp_path):
+    """The learner stages of the status line come from a real Learner.run: its loop times the
+    wait for a batch, its batcher thread the copy out of the slots, its step the SGD and the
+    publish, and the step's report to the runner carries all four."""
+    cfg = small_cfg(train_dir=str(tmp_path))
+    trajectories = appo.trajectories_per_batch(cfg)
+    slots = appo.RolloutSlots(appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg), num_slots=trajectories,
+                              rollout=cfg.rollout, num_workers=1, num_splits=1)
+    slots.tensors["log_prob"].fill_(-2.0)
+    slots.tensors["valid"].fill_(1.0)
+    run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
+    reports = []
+
+    def report_and_stop(message):  # the runner's stats queue: one report is enough
+        reports.append(message)
+        run.stop[0] = 1
+
+    shared = types.SimpleNamespace(slots=slots, run=run, learner_queues=[appo_ipc.Queue(1 << 16)],
+                                   stats_queue=types.SimpleNamespace(put=report_and_stop),
+                                   weights=[appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))],
+                                   hyperparams=appo.PolicyHyperparams(cfg, None))
+    learner = appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+    handed_off = []  # as a rollout worker hands its finished slots to the learner
+    for _ in range(trajectories):
+        slot = slots.control.acquire(0, timeout=1.0)
+        handed_off.append((slot, slots.control.generation(slot), 0))
+    shared.learner_queues[0].put_many(handed_off)
+    learner.run(process_index=0)
+    (report,) = reports
+    assert report["policy_version"] == 1
+    assert set(report["stages"]) == {"wait", "copy", "sgd", "publish"}, report["stages"]
+    assert report["stages"]["wait"] >= 0.0, report["stages"]
+    assert all(report["stages"][stage] > 0.0 for stage in ("copy", "sgd", "publish")), report["stages"]
+    stats = appo.Stats(1)
+    stats.consume(report)
+    line = appo.status_line(cfg, stats, types.SimpleNamespace(run=run, resumed_frames=0), elapsed=1.0)
+    assert re.search(r"learner wait \d+% copy \d+% sgd \d+% publish \d+%", line), line
 
 
 def status_line_of(num_policies: int, objective_is_return: bool = True) -> str:
@@ -1528,7 +1593,7 @@ def status_line_of(num_policies: int, objective_is_return: bool = True) -> str:
             stats.consume({"type": "episode", "policy_id": policy_id, "true_return": score, "true_length": 300,
                            "true_objective": score if objective_is_return else float(game % 4 == 0)})
     run = argparse.Namespace(worker_frames=np.full(8, 136_250), learner_frames=np.full(num_policies, 1_000_000))
-    return appo.status_line(cfg, stats, argparse.Namespace(run=run), elapsed=3600.0)
+    return appo.status_line(cfg, stats, argparse.Namespace(run=run, resumed_frames=0), elapsed=3600.0)
 
 
 def test_the_status_line_of_many_policies_shows_their_aggregate_at_a_bounded_width():

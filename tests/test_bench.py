@@ -31,7 +31,7 @@ def test_the_benchmark_reads_fps_busy_time_and_lag_from_our_status_line():
     stats.last_report_time -= 10.0
     stats.busy_s.update({"env": 6.0, "inference": 4.0, "learner": 9.0})  # over 10 s, 2 workers
     shared = types.SimpleNamespace(run=types.SimpleNamespace(worker_frames=np.array([20_000, 13_000]),
-                                                             learner_frames=np.array([30_000])))
+                                                             learner_frames=np.array([30_000])), resumed_frames=0)
     line = appo.status_line(cfg, stats, shared, elapsed=42.0)
     assert bench.trained_frames_of_ours(line) == 30_000, line  # frames trained: what Sample Factory's FPS counts
     assert bench.OURS_BUSY.search(line).groups() == ("30", "40", "90"), line
@@ -151,6 +151,21 @@ def test_what_a_leg_leaves_in_dev_shm_is_recorded_against_that_leg(monkeypatch, 
     assert f"warning: ours left in /dev/shm: ['{name}']" in capsys.readouterr().err
 
 
+def test_a_configurations_figures_are_the_medians_of_its_repeats(monkeypatch):
+    """With --repeats 3 each leg's figure is the median of its three runs: stand-in legs (the
+    trainers cannot run in a unit test) whose runs read 1, 3, 8 (the median is neither the first,
+    the last nor the mean) and 20, 10, 80 (nor the run in the middle)."""
+    fps = {"ours": iter([1.0, 3.0, 8.0]), "pure": iter([20.0, 10.0, 80.0])}
+    monkeypatch.setattr(bench, "measure_ours", lambda *args, **kwargs: {"fps": next(fps["ours"])})
+    monkeypatch.setattr(bench, "pure_sim_leg", lambda *args, **kwargs: {"fps": next(fps["pure"])})
+    monkeypatch.setattr(sys, "argv", ["bench", "--env", "gym:CartPole-v1", "--legs", "ours,pure", "--num_workers", "1",
+                                      "--repeats", "3"])
+    result = bench.measure_configuration(bench.parse_args(), 1)
+    assert [run["fps"] for run in result["runs"]["ours"]] == [1.0, 3.0, 8.0]
+    assert result["ours_fps"] == 3.0 and result["pure_sim_fps"] == 20.0
+    assert result["ours_over_pure_sim"] == pytest.approx(3.0 / 20.0)
+
+
 def test_gpu_time_times_the_batch_ours_formed_unless_one_is_given():
     ours_runs = [{"fps": 1.0, "inference_batch": 37}, {"fps": 1.0, "inference_batch": 41}, {"fps": 1.0}]
     assert bench.gpu_time_batch(bench_args(), ours_runs) == (39, "the ours leg's mean inference batch")
@@ -194,7 +209,8 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     assert figures["pure_sim_fps"] > 0 and figures["pure_episodes_fps"] > 0 and figures["ours_fps"] > 0
     assert figures["ours_fp32_fps"] > 0 and figures["ours_fp32_over_sf"] is None  # no SF leg here
     # relations a correct bench keeps: stepping the same envs with no model is faster than training on
-    # them (by far here: the learner shares the cores), and the table's figures are the runs' medians
+    # them (by far here: the learner shares the cores), and the table's figures are the runs' (one run
+    # each here: test_a_configurations_figures_are_the_medians_of_its_repeats tells a median from a run)
     assert figures["pure_sim_fps"] > 1.5 * figures["ours_fps"], figures
     assert figures["pure_sim_fps"] > 1.5 * figures["ours_fp32_fps"], figures
     for leg, key in (("pure", "pure_sim_fps"), ("pure_episodes", "pure_episodes_fps"), ("ours", "ours_fps"),

@@ -7,9 +7,11 @@ import os
 import re
 import subprocess
 import sys
+import types
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 import appo
@@ -197,6 +199,23 @@ def test_restart_behavior_resumes_by_default_restart_moves_the_old_folder_aside_
     assert json.loads((tmp_path / "e" / "config.json").read_text())["hidden_size"] == 32  # not the 16 run's
 
 
+def test_a_resumed_run_counts_its_frames_from_the_checkpoint_as_it_counts_those_trained(tmp_path, capsys):
+    """A forker's resumed run showed frames from 0 beside a trained count from the checkpoint: both
+    count since the experiment began now, so frames collected are never fewer than those trained,
+    and TensorBoard's step (the same frames) goes on where the first run's stopped."""
+    first = appo.train(appo.parse_args(small_serial_run(tmp_path, "--train_for_env_steps", "2000")))
+    resumed = appo.train(appo.parse_args(small_serial_run(tmp_path, "--train_for_env_steps", "2500")))
+    status = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    frames = int(re.search(r"frames ([\d,]+)", status[-1]).group(1).replace(",", ""))
+    assert first.frames_trained[0] >= 2000 and resumed.frames_trained[0] > first.frames_trained[0]
+    assert frames == first.frames_trained[0] + resumed.frames_collected, status[-1]  # the checkpoint's, and this run's
+    assert frames >= resumed.frames_trained[0], status[-1]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "e" / "tb"), purge_orphaned_data=False).Reload()
+    steps = [event.step for event in sorted(events.Scalars("p0/frames_trained"), key=lambda event: event.wall_time)]
+    assert steps == sorted(steps) and steps[-1] == frames, steps  # TensorBoard's step: the same frames, going on
+
+
 @pytest.mark.parametrize("flags, expected", [([], True), (["--async_rl"], True), (["--no-async_rl"], False),
                                              (["--async_rl=False"], False), (["--async_rl=True"], True),
                                              (["--async_rl", "false"], False)])
@@ -277,6 +296,23 @@ def test_a_run_whose_score_never_rose_above_its_first_100_games_ends_naming_flag
         assert "--exploration_loss_coeff" in hint[0] and "When a run does not learn" in hint[0]
     assert appo.did_not_learn((-200.0, 0.0), -200.0) and not appo.did_not_learn((-200.0, 1.0), -197.0)
     assert not appo.did_not_learn(None, 10.0)  # never 100 games at a status line: nothing to say
+
+
+def test_the_best_100_game_average_counts_the_last_status_line(tmp_path, capsys):
+    """A forker's run ended "average return 68.09 ... best 64.59": the runner prints its last status
+    line as it stops, after the last report, and that line's average was left out of the best."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--train_dir", str(tmp_path)])
+    frames = types.SimpleNamespace(worker_frames=np.array([2000]), learner_frames=np.array([2000]))
+    shared = types.SimpleNamespace(run=frames, resumed_frames=0)
+    run = appo.Run(cfg, False, shared, model=None, stats=appo.Stats(1), workers=None)
+    reporting = appo.Reporting(run)
+    run.stats.episode_returns[0].extend([10.0] * 100)
+    reporting.report(run)  # a status line's report
+    run.stats.episode_returns[0].extend([20.0] * 100)  # games that ended after it
+    reporting.stop(run)
+    assert run.result.best_average_returns == [20.0]
+    assert ("average return 20.00 over the last 100 games (best 100-game average at a status line 20.00)"
+            in capsys.readouterr().out)
 
 
 def test_a_run_shows_its_progress_against_the_budget_ends_with_a_summary_and_returns_its_figures(tmp_path, capsys):

@@ -116,6 +116,18 @@ def test_eval_plays_with_the_env_flags_the_checkpoint_was_trained_with(tmp_path,
         assert re.findall(r"^game \d: return (\S+),", played.stdout, re.MULTILINE) == ["-1.00", "-1.00"], played.stdout
 
 
+def test_eval_names_each_flag_of_its_command_line_that_the_checkpoint_replaces(tmp_path, capsys):
+    """Eval plays with the checkpoint's model and env flags: one given otherwise on the command line
+    is replaced, with a line saying so; one given as trained, or not given, needs no line."""
+    save_untrained_policy(tmp_path, "doom_basic", "--hidden_size", "64", "--doom_resize", "nearest")
+    cfg = appo.parse_args(["--mode", "eval", "--env", "doom_basic", "--train_dir", str(tmp_path),
+                           "--experiment", "played", "--hidden_size", "128", "--doom_resize", "nearest"])
+    appo.load_policy_for_eval(cfg)
+    assert cfg.hidden_size == 64 and cfg.doom_resize == "nearest"
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: --hidden_size 128 from the command line replaced by the checkpoint's 64"]
+
+
 def test_eval_errors_name_the_fix(tmp_path):
     missing = run_eval(tmp_path, "--env", "doom_basic")
     assert missing.returncode == 2 and "no checkpoint in" in missing.stderr and "--checkpoint" in missing.stderr
