@@ -34,6 +34,15 @@ def processes_tagged(tag: str) -> list[int]:
     return [pid for pid in found if pid != resource_tracker._resource_tracker._pid]
 
 
+def process_running(pid: int) -> bool:
+    """Whether `pid` is alive (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def processes_still_tagged(tag: str, seconds: float = 15.0) -> list[int]:
     """processes_tagged(tag) once they had `seconds` to finish exiting (a multiprocessing resource
     tracker outlives its run by a moment)."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import appo
-from conftest import processes_still_tagged, processes_tagged
+from conftest import process_running, processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -384,14 +384,6 @@ def test_each_legs_figures_are_in_the_partial_file_as_the_leg_ends_and_stay_ther
     assert list(figures["runs"]) == ["pure"] and figures["pure_sim_fps"] > 0 and figures["ours_fps"] is None
     assert not list(tmp_path.glob("*.part"))
     assert processes_still_tagged(tag) == [], stderr[-3000:]
-
-
-def process_running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_sample_factory_that_never_trains_is_stopped_at_its_first_line_limit_with_its_group(tmp_path):

@@ -16,6 +16,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import gpu_check  # noqa: E402
+from conftest import process_running  # noqa: E402
 
 OUTPUT = """training doom_basic on cuda with 16 processes in /tmp/x/trained; follow it with tensorboard
 [      5s] frames 10,000 | FPS 10s/60s/300s 0/0/0 | samples/s 0
@@ -174,14 +175,6 @@ def test_the_learner_micro_benchmark_times_doom_basics_batch_on_the_gpu_and_one_
     assert flags["--device"] == "cuda" and flags["--seconds"] == "5"
     dry = gpu_check.learner_command(fake_check(tmp_path, device="cpu"))
     assert dry[dry.index("--min_steps") + 1] == "1" and "--seconds" in dry
-
-
-def process_running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # prints its pid and that of a child in a session of its own (as bench_throughput starts a trainer),
