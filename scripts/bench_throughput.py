@@ -845,7 +845,6 @@ def main():
     error = envs.env_error(args.env)
     if error:
         raise SystemExit(f"error: --env: {error}")
-    shm_before = set(os.listdir("/dev/shm"))
     results = []
 
     def write_partial(current: dict):
@@ -854,9 +853,6 @@ def main():
 
     for envs_per_worker in args.envs_per_worker:
         results.append(measure_configuration(args, envs_per_worker, on_leg=write_partial))
-    leaked = set(os.listdir("/dev/shm")) - shm_before
-    if leaked:
-        print(f"warning: left in /dev/shm: {sorted(leaked)}", file=sys.stderr)
     if args.plot:
         plot(results, args.plot)
     if args.out:
