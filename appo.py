@@ -2073,7 +2073,7 @@ class Actor:
         self.env_id, self.agent, self.policy_id = env_id, agent, policy_id
         self.slot, self.step = -1, 0
         self.reward_shaping_version = -1  # version of its policy's hyperparameters the env applies
-        # the policy version that acted its last handed-off slot, and how many slots in a row it acted
+        # the policy version that acted the first step of its last handed-off slot, and how many in a row it acted
         self.handed_version, self.handed_count = -1, 0
 
     def handed_off(self, version: int):
@@ -2317,7 +2317,7 @@ class RolloutWorker:
         # The next slot starts from a copy: once handed off, the full slot may be trained on, freed
         # and taken by another worker while this one still waits for a free slot.
         carried = {key: self.arrays[key][full_slot, last_step].copy() for key in self.obs_keys + ["rnn_state"]}
-        actor.handed_off(int(self.arrays["policy_version"][full_slot, last_step - 1]))
+        actor.handed_off(int(self.arrays["policy_version"][full_slot, 0]))  # the learner's test (Learner.fresh)
         # The slot stays this worker's until the learner takes it (Learner.claim): a death at any
         # line here leaves it either reclaimable by the runner or on its way to the learner.
         self.shared.learner_queues[actor.policy_id].put(
@@ -2940,6 +2940,8 @@ class Learner:
                     pass
                 if not self.batching():
                     return
+                if not self.cfg.async_rl and len(pending := self.fresh(pending)) < self.slots_per_batch:
+                    continue
                 batch, pending = self.take_batch(pending), []
                 self.learner_waiting.clear()
                 while self.batching():  # the learner is waiting on the empty queue, unless its wait just timed out
@@ -2963,6 +2965,18 @@ class Learner:
             return False
         pending += self.claim(messages)
         return len(pending) == self.slots_per_batch
+
+    def fresh(self, pending: list[int]) -> list[int]:
+        """--no-async_rl: a batch holds only slots acted from their first step by the weights it
+        will be trained by (the learner waits, so its version is final). The one kind that can be
+        older is a slot begun by a rollout worker restarted after its predecessor had handed its
+        share, before the learner published: it is freed unused, and its actors are not parked
+        (SyncGate counts a slot by its first step's weights), so their share at the new weights
+        still comes. Kept, it would shift every later batch by a slot, each a version behind."""
+        first_step_versions = self.shared.slots.arrays["policy_version"][pending, 0]
+        stale = [slot for slot, version in zip(pending, first_step_versions) if version < self.policy_version]
+        self.shared.slots.control.release(stale)
+        return [slot for slot in pending if slot not in stale]
 
     def claim(self, handed_off: list[tuple[int, int, int]]) -> list[int]:
         """Takes the slots that rollout workers handed off, each from the worker that sent it and in

@@ -1350,6 +1350,45 @@ def test_synchronous_collection_trains_every_batch_on_the_weights_that_acted_it(
     assert trained and trained[-1] >= 24000
 
 
+
+@pytest.mark.parametrize("async_rl", [False, True])
+def test_a_synchronous_batch_frees_a_slot_begun_by_older_weights_and_its_actor_is_not_parked(tmp_path, async_rl):
+    """--no-async_rl after a restart (scripts/chaos.py met it in CI): a rollout worker restarted
+    after its predecessor had handed its share acts its first slot with the weights the learner is
+    training from. The learner frees that slot unused instead of training the next batch on it (lag 1,
+    and every later batch a slot behind). Asynchronously, the same slot is trained on, a version
+    behind. (That the gate does not park its actor for it, so its share at the new weights still
+    comes, is the chaos test's: a parked actor whose slot was freed would stall its split.)"""
+    cfg = small_cfg(train_dir=str(tmp_path), async_rl=async_rl)
+    trajectories = appo.trajectories_per_batch(cfg)
+    slots = appo.RolloutSlots(appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg), num_slots=trajectories + 1,
+                              rollout=cfg.rollout, num_workers=1, num_splits=1)
+    slots.tensors["log_prob"].fill_(-2.0)
+    slots.tensors["valid"].fill_(1.0)
+    slots.tensors["policy_version"].fill_(1)
+    run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
+    reports = []
+
+    def report_and_stop(message):
+        reports.append(message)
+        run.stop[0] = 1
+
+    shared = types.SimpleNamespace(slots=slots, run=run, learner_queues=[appo_ipc.Queue(1 << 16)],
+                                   stats_queue=types.SimpleNamespace(put=report_and_stop),
+                                   weights=[appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))],
+                                   hyperparams=appo.PolicyHyperparams(cfg, None))
+    learner = appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner.policy_version = 1  # it trained on the predecessor's share: the slot below came after
+    handed_off = [(slot, slots.control.generation(slot), 0)
+                  for slot in [slots.control.acquire(0, timeout=1.0) for _ in range(trajectories + 1)]]
+    stale = handed_off[0][0]
+    slots.arrays["policy_version"][stale, :2] = 0  # begun by version 0, the rest acted by version 1
+    shared.learner_queues[0].put_many(handed_off)
+    learner.run(process_index=0)
+    (report,) = reports
+    assert report["policy_version"] == 2
+    assert report["lag_max"] == (0 if not async_rl else 1), report
+
 @pytest.mark.slow
 def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_path, capsys, monkeypatch):
     """--policy_workers_per_policy 2 (two processes answer one policy's requests) with 2 epochs of
