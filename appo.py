@@ -10,9 +10,10 @@ to the learner, which trains on it and publishes new weights. Queues carry slot 
 The file reads in the order data flows (docs/architecture.md has the diagram); each section's header
 begins with its name:
 
-    CONFIG                      flags, derived values, every check, before anything starts
+    CONFIG: the research flags  model, algorithm, optimizer; the ENV HOOK   <- edit here
     ALGO LOGIC: the model       encoders, core, action distributions        <- edit here
     ALGO LOGIC: the losses      V-trace, GAE, the PPO objective             <- edit here
+    PLUMBING: config            the other flags, derived sizes, every check, before anything starts
     PLUMBING: shared memory     trajectory slots, published weights, run state
     PLUMBING: child processes   what every process does first
     PLUMBING: rollout worker -> policy worker -> learner -> runner (its seams: Extra, EXTRAS)
@@ -65,138 +66,14 @@ import env as envs
 
 
 # =============================================================================================
-# CONFIG: the flags, the values derived from them, and every check on them (before anything starts)
+# CONFIG (edit here): the research flags: the model, the algorithm, the optimizer. The general, env
+# and system flags, the parsing, the derived sizes and every check are in PLUMBING: config.
 # =============================================================================================
 
-HELP_HINT = "Run python appo.py --help for every flag, its values and its default."
-
-
-class FlagParser(argparse.ArgumentParser):
-    """argparse, but a mistake ends in two lines (the mistake, where to read more) instead of the
-    whole usage block, and only a flag's full name is accepted: with prefix matching, a typo of a
-    future flag (--encoder resnet before --encoder existed) silently set an old one (--encoder_dtype)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(allow_abbrev=False, **kwargs)
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message}\n{HELP_HINT}\n")
-
-
-class Switch(argparse.Action):
-    """A boolean flag: --name sets it and --no-name clears it, and --name=True / --name=False
-    say the same (how Sample Factory's launcher and W&B sweeps pass booleans)."""
-
-    WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-
-    def __init__(self, option_strings, dest, default=False, help=None, **kwargs):
-        names = [name for option in option_strings for name in (option, "--no-" + option[2:])]
-        super().__init__(names, dest, nargs="?", default=default, help=help, metavar="BOOL", **kwargs)
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        if option_string.startswith("--no-"):
-            if value is not None:
-                parser.error(f"{option_string} takes no value: use --{option_string[5:]}={value} instead")
-            setattr(namespace, self.dest, False)
-        elif value is None:
-            setattr(namespace, self.dest, True)
-        elif value.lower() in self.WORDS:
-            setattr(namespace, self.dest, self.WORDS[value.lower()])
-        else:
-            parser.error(f"{option_string}={value}: a switch takes True or False (or nothing: on)")
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    def _format_action_invocation(self, action):
-        if isinstance(action, Switch):  # not "--name [NAME], --no-name [NAME]"
-            return " / ".join(action.option_strings) + " (or =True / =False)"
-        return super()._format_action_invocation(action)
-
-
-def positive(action: argparse.Action) -> argparse.Action:
-    """Marks a number flag that must be above 0 (config_errors checks every flag so marked)."""
-    action.bound = "positive"
-    return action
-
-
-def at_least_0(action: argparse.Action) -> argparse.Action:
-    """Marks a number flag that must be 0 or more."""
-    action.bound = "at_least_0"
-    return action
-
-
-def join_negative_values(argv: list[str]) -> list[str]:
-    """`--flag -1e-4` -> `--flag=-1e-4`: argparse reads a token that starts with '-' and is not a
-    plain integer or decimal as a flag, so scientific notation and some negative numbers were
-    "expected one argument" instead of a value (and the range check that names the flag)."""
-    joined = []
-    for token in argv:
-        previous = joined[-1] if joined else ""
-        if previous.startswith("--") and "=" not in previous and token.startswith("-") and _is_number(token):
-            joined[-1] = f"{previous}={token}"
-        else:
-            joined.append(token)
-    return joined
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-        return True
-    except ValueError:
-        return False
-
-
-def integer(text: str) -> int:
-    """An int flag that also takes 1e6 or 2.5e9: frame budgets are written that way."""
-    value = float(text)
-    if not value.is_integer():
-        raise ValueError(text)
-    return int(value)
-
-
-UNLIMITED_FRAMES, UNLIMITED_SECONDS = 10_000_000_000, 1e10  # the budgets' defaults: no budget
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = FlagParser(
-        description="Asynchronous PPO with V-trace (Sample Factory's APPO) on one machine.",
-        formatter_class=HelpFormatter,
-    )
-    parser.register("action", "switch", Switch)  # for env.py's family flags too
-    general = parser.add_argument_group("general")
-    modes = [extra for extra in EXTRAS if extra.mode]  # evaluation's "eval"
-    general.add_argument("--mode", choices=["train", *(extra.mode for extra in modes)], default="train",
-                         help="train" + "".join(f", or {extra.mode}: {extra.mode_help}" for extra in modes))
-    general.add_argument("--env", default="doom_basic",
-                         help=f"env name: {envs.names_help()}, or one added with env.register_env")
-    general.add_argument("--experiment", default=None,
-                         help="experiment name; results go to train_dir/experiment (default: the env name, "
-                              "with ':' and '/' as '_')")
-    general.add_argument("--train_dir", default="train_dir", help="folder that holds all experiments")
-    general.add_argument("--restart_behavior", choices=["resume", "restart", "overwrite"], default="resume",
-                         help="when the experiment's folder exists: resume its training; restart from scratch, "
-                              "the old folder moved whole to EXPERIMENT_old0001 (then 0002, ...); or overwrite "
-                              "it (deleted, then from scratch). Sample Factory's flag and meanings")
-    at_least_0(general.add_argument("--seed", type=int, default=None,
-                                    help="random seed (default: drawn at random; a run prints it and config.json "
-                                         "keeps it)"))
-    positive(general.add_argument("--train_for_env_steps", type=integer, default=UNLIMITED_FRAMES,
-                                  help="stop after this many env frames (frameskip included)"))
-    positive(general.add_argument("--train_for_seconds", type=float, default=UNLIMITED_SECONDS,
-                                  help="stop after this many seconds of training"))
-    positive(general.add_argument("--save_every_sec", type=float, default=120.0,
-                                  help="seconds between checkpoints (one is also written at exit)"))
-    positive(general.add_argument("--keep_checkpoints", type=int, default=3,
-                                  help="how many recent checkpoints to keep per policy"))
-    positive(general.add_argument("--report_every_sec", type=float, default=5.0,
-                                  help="seconds between status lines and TensorBoard summaries"))
-
-    env_group = parser.add_argument_group("env")
-    positive(env_group.add_argument("--env_frameskip", type=int, default=None,
-                                    help="frames per agent step (default: the env's own, e.g. 4 for Doom)"))
-    envs.add_flags(env_group)  # each env family's own flags (env.py declares and checks them)
-
+def add_research_flags(parser: argparse.ArgumentParser):
+    """The flags a researcher changes. `positive` and `at_least_0` mark the bounds that config_errors
+    checks; a family in env.py may change a default (its `flag_defaults`; the run's second line says
+    which). After adding a flag, regenerate docs/flags.md: python scripts/update_flag_docs.py."""
     model = parser.add_argument_group("model")
     positive(model.add_argument("--hidden_size", "--rnn_size", type=int, default=512,
                                 help="width of the fully connected layer after the encoder and of the RNN "
@@ -281,341 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     positive(optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon"))
     positive(optim.add_argument("--max_grad_norm", type=float, default=4.0, help="gradient norm clip"))
 
-    system = parser.add_argument_group("system")
-    positive(system.add_argument("--num_workers", type=int, default=max(1, os.cpu_count() or 1),
-                                 help="rollout worker processes"))
-    positive(system.add_argument("--num_envs_per_worker", type=int, default=2, help="envs per rollout worker"))
-    positive(system.add_argument("--worker_num_splits", type=int, default=2,
-                                 help="groups of envs per worker: one steps while the other waits for actions"))
-    positive(system.add_argument("--num_policies", type=int, default=1, help="policies trained at once"))
-    positive(system.add_argument("--policy_workers_per_policy", type=int, default=1,
-                                 help="inference processes per policy"))
-    positive(system.add_argument("--remap_policies_every", type=int, default=5,
-                                 help="with several policies: each env's agents are handed to new random policies "
-                                      "after this many of its episodes (self-play meets every pairing)"))
-    system.add_argument("--past_opponents_fraction", type=float, default=0.0,
-                        help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
-                             "version of the population instead of a learning policy, drawn at every remap")
-    system.add_argument("--device", choices=["auto", "cpu", "cuda", "gpu"], default="auto",
-                        help="where the learner and policy workers run; auto: cuda when torch sees a GPU, "
-                             "otherwise cpu (rollout workers always run on the CPU); gpu, Sample Factory's "
-                             "word, means cuda")
-    positive(system.add_argument("--learner_threads", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 2)),
-                                 help="torch threads of the learner (default: half the CPU cores, 1 to 4). More threads "
-                                      "than cores left free by the workers waste time waiting for each other "
-                                      "(docs/measurements.md)"))
-    positive(system.add_argument("--policy_worker_threads", type=int, default=1,
-                                 help="torch threads of each policy worker; its batches are small, so more threads "
-                                      "mostly wait for each other (docs/measurements.md)"))
-    positive(system.add_argument("--env_step_timeout", type=float, default=60.0,
-                                 help="seconds a rollout or policy worker may go without progress (a hung env) "
-                                      "before it is killed and restarted"))
-    at_least_0(system.add_argument("--max_restarts", type=int, default=10,
-                                   help="worker restarts allowed within 10 minutes; one more stops the run"))
-    system.add_argument("--serial_mode", action="switch",
-                        help="for debugging: rollout workers, policy workers and learners run in this one process, "
-                             "in turn, with in-process queues (no child processes), so a debugger stops in any of "
-                             "them (python -m pdb appo.py --serial_mode ...), and with --seed two runs train alike")
-    system.add_argument("--set_workers_cpu_affinity", action="switch", default=False,
-                        help="pin each rollout worker, with the game processes of its envs, to one core (round "
-                             "robin) and lower its priority, so that learners and policy workers, which everyone "
-                             "waits on, run first; a worker and its games then hand each step over on one core "
-                             "(the Doom family's default: docs/measurements.md)")
 
-    system.add_argument("--compile", action="switch", default=False,
-                        help="torch.compile the model's encoder (the convolutions, most of the compute) in the "
-                             "policy workers and the learners: the same code, fused by the compiler; each of "
-                             "those processes compiles it first (tens of seconds; docs/results/throughput.md)")
-
-    for extra in EXTRAS:  # the extras below the core: their own flags
-        extra.add_flags(parser)
-    return parser
-
-
-def listed(items: list[str], separator: str = ", ", last: str = " and ") -> str:
-    return separator.join(items[:-1]) + (last if len(items) > 1 else "") + items[-1]
-
-
-def encoder_activations() -> str:
-    """"ELU for convnet_simple, ReLU for convnet_atari and resnet": each encoder's activation."""
-    by_activation: dict[str, list[str]] = {}
-    for name, encoder in CONV_ENCODERS.items():
-        by_activation.setdefault(encoder.activation.__name__, []).append(name)
-    return ", ".join(f"{activation} for {listed(names)}" for activation, names in by_activation.items())
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parses flags; the env's own defaults (frameskip, gamma, ...) apply unless given."""
-    parser = build_parser()
-    argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
-    # --env first, without --help: so that `--env atari_breakout --help` shows the Atari family's defaults
-    env_only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    env_only.add_argument("--env", default=parser.get_default("env"))
-    known, _ = env_only.parse_known_args(argv)
-    parser.set_defaults(**envs.env_defaults(known.env))
-    cfg = parser.parse_args(argv)
-    given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
-    cfg.flags_given = sorted(action.dest for action in parser._actions if given & set(action.option_strings))
-    if fits_batches(cfg) and envs.num_agents_of(cfg.env) is not None:  # else once the runner has made one
-        fit_synchronous_batches(cfg, envs.num_agents_of(cfg.env))
-    if cfg.device == "auto":
-        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg.device = "cuda" if cfg.device == "gpu" else cfg.device
-    if cfg.env_frameskip is None:
-        cfg.env_frameskip = 1
-    if cfg.experiment is None:
-        cfg.experiment = cfg.env.replace(":", "_").replace("/", "_")  # gym:MyFork/Reach-v0: one plain folder
-    cfg.rank, cfg.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
-    if cfg.device == "cuda" and cfg.world_size > 1:
-        cfg.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"  # one GPU per rank on each node
-    if cfg.seed is not None:
-        cfg.seed += 7919 * cfg.rank  # every rank collects different experience
-    if cfg.encoder_dtype == "auto":
-        cfg.encoder_dtype = "bfloat16" if native_bfloat16(cfg.device) else "float32"
-    return cfg
-
-
-# The sizes derived from the flags, each computed here and nowhere else.
-
-def samples_per_iteration(cfg) -> int:
-    """What the learner trains on at once (its batch): --num_batches_per_epoch minibatches of
-    --batch_size samples, Sample Factory's meanings."""
-    return cfg.batch_size * cfg.num_batches_per_epoch
-
-
-def trajectories_per_batch(cfg) -> int:
-    """The learner's batch is whole trajectories of --rollout steps, one per slot (config_errors
-    checks that --rollout divides --batch_size)."""
-    return samples_per_iteration(cfg) // cfg.rollout
-
-
-def samples_per_rollout_of_every_env(cfg, num_agents: int) -> int:
-    """What one rollout of every env of this rank gives: --no-async_rl collects whole multiples of it
-    between two batches."""
-    return cfg.num_workers * cfg.num_envs_per_worker * num_agents * cfg.rollout
-
-
-def rollouts_per_batch(cfg, num_agents: int) -> int:
-    """--no-async_rl: the rollouts each actor collects towards one batch."""
-    return max(1, samples_per_iteration(cfg) // samples_per_rollout_of_every_env(cfg, num_agents))
-
-
-def fits_batches(cfg) -> bool:
-    """Are the batch sizes a family's synchronous default, to be fitted to the workers?"""
-    return not cfg.async_rl and not {"async_rl", "batch_size", "num_batches_per_epoch"} & set(cfg.flags_given)
-
-
-def fit_synchronous_batches(cfg, num_agents: int):
-    """A family's synchronous default (Sample Factory's, for Atari and gym:) at any worker count.
-
-    A synchronous iteration is whole rollouts of every env, so its size follows the machine: here
-    it becomes the fewest rollouts of every env that hold the family's iteration and split into its
-    minibatches (--batch_size, kept, as are the epochs; --num_batches_per_epoch follows). The SGD
-    steps per sample stay the family's on 1 core or 64; what grows with the envs is the samples
-    between two updates, as when Sample Factory or CleanRL run more envs. Sizes of your own are
-    kept, and config_errors says if they do not fit. An env whose agents are known only once one is
-    made (pz:, registered ones) is fitted by the runner, after its probe.
-    """
-    samples = samples_per_rollout_of_every_env(cfg, num_agents)
-    if samples <= 0 or cfg.batch_size <= 0 or cfg.num_batches_per_epoch <= 0:
-        return  # config_errors names the flag
-    rollouts = max(1, -(-samples_per_iteration(cfg) // samples))  # ceiling division
-    while rollouts * samples % cfg.batch_size:
-        rollouts += 1  # ends by batch_size / gcd(samples, batch_size)
-    cfg.num_batches_per_epoch = rollouts * samples // cfg.batch_size
-
-
-def native_bfloat16(device: str) -> bool:
-    """Does this hardware multiply bfloat16 natively? Emulated bf16 (AVX-512 CPUs without its BF16
-    extension, GPUs before Ampere) is slower than float32, so `auto` must not pick it there."""
-    if device.startswith("cuda"):
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
-    return torch.backends.mkldnn.is_available() and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
-def host_reads_stall(device: torch.device) -> bool:
-    """Does reading a tensor's value on the host (`.item()`, `bool()`, a boolean index) wait for
-    every kernel queued before it? On a GPU it does, and a learner step that reads a dozen values
-    runs a dozen times as a stop-and-go; so there the learner keeps its decisions on the device
-    (fused Adam skips a non-finite step itself, the normalisers weigh rows instead of selecting
-    them). On the CPU a read is free, and the learner keeps the code whose numerics the seeded
-    serial runs pin down (scripts/same_training.py)."""
-    return torch.device(device).type != "cpu"
-
-
-def distributed() -> bool:
-    """Whether this process is one of torchrun's ranks (the EXTRAS block multi-node joined them)."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as Linux lists them (empty elsewhere: float32 is the safe guess)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
-def config_errors(cfg: argparse.Namespace) -> list[str]:
-    """Every problem with the flags, each naming the flag and the fix. Runs before any process."""
-    errors = []
-    env_problem = envs.env_error(cfg.env, cfg)
-    if env_problem:
-        errors.append(env_problem)
-    errors += envs.flag_errors(cfg)
-    for action in build_parser()._actions:  # the flags marked positive or at_least_0 where they are declared
-        value, bound = getattr(cfg, action.dest, None), getattr(action, "bound", None)
-        if bound == "positive" and value is not None and not value > 0:  # None: an optional flag left unset
-            errors.append(f"--{action.dest} must be positive, got {value}")
-        elif bound == "at_least_0" and value is not None and not value >= 0:
-            errors.append(f"--{action.dest} must be 0 or more, got {value}")
-    if any(width <= 0 for width in cfg.encoder_mlp_layers):
-        errors.append(f"--encoder_mlp_layers must be positive widths, got {' '.join(map(str, cfg.encoder_mlp_layers))}")
-    if not 0 <= cfg.gae_lambda <= 1:
-        errors.append(f"--gae_lambda must be in [0, 1], got {cfg.gae_lambda}")
-    for flag in ["adam_beta1", "adam_beta2"]:
-        if not 0 <= getattr(cfg, flag) < 1:
-            errors.append(f"--{flag} must be in [0, 1), got {getattr(cfg, flag)}")
-    if not 0 < cfg.gamma <= 1:
-        errors.append(f"--gamma must be in (0, 1], got {cfg.gamma}")
-    if errors:
-        return errors
-    if cfg.worker_num_splits > cfg.num_envs_per_worker:
-        errors.append(f"--worker_num_splits {cfg.worker_num_splits} is larger than "
-                      f"--num_envs_per_worker {cfg.num_envs_per_worker}: use at most as many splits as envs")
-    elif cfg.num_envs_per_worker % cfg.worker_num_splits:
-        errors.append(f"--num_envs_per_worker {cfg.num_envs_per_worker} is not divisible by "
-                      f"--worker_num_splits {cfg.worker_num_splits}: make it a multiple")
-    if cfg.rollout > cfg.batch_size:
-        errors.append(f"--rollout {cfg.rollout} is larger than --batch_size {cfg.batch_size}: "
-                      "lower --rollout or raise --batch_size")
-    elif cfg.batch_size % cfg.rollout:
-        errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout} (a minibatch "
-                      f"is whole trajectories): use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout}")
-    if not 0 <= cfg.past_opponents_fraction <= 1:
-        errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
-    elif cfg.past_opponents_fraction > 0 and envs.num_agents_of(cfg.env) == 1:
-        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
-    if not cfg.async_rl:
-        errors += synchronous_errors(cfg, envs.num_agents_of(cfg.env))
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        errors.append("--device cuda but torch sees no GPU: use --device cpu or install a CUDA build of torch")
-    for extra in EXTRAS:
-        errors += extra.flag_errors(cfg)
-    return errors
-
-
-def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
-    """--no-async_rl's conditions; the batch's fit waits for the env's agent count where it is not
-    known before making one (num_agents None: a registered env, checked again after the probe)."""
-    if cfg.num_policies > 1 or cfg.past_opponents_fraction > 0:
-        return ["--no-async_rl is for one policy: with several (or past opponents) an env's agents feed "
-                "different learners, and no one batch waits for them all; drop --no-async_rl, or pass "
-                "--async_rl where it is the env family's default"]
-    if num_agents is None:
-        return []
-    samples, iteration = samples_per_rollout_of_every_env(cfg, num_agents), samples_per_iteration(cfg)
-    if iteration % samples:
-        agents = f" x {num_agents} agents" if num_agents > 1 else ""
-        fits = next(n for n in itertools.count(1) if n * cfg.batch_size % samples == 0)
-        return [f"--no-async_rl needs an iteration (--batch_size {cfg.batch_size} x --num_batches_per_epoch "
-                f"{cfg.num_batches_per_epoch} = {iteration:,} samples) to be whole rollouts of every env: "
-                f"--num_workers {cfg.num_workers} x --num_envs_per_worker {cfg.num_envs_per_worker}{agents} "
-                f"x --rollout {cfg.rollout} = {samples:,} samples: use --num_batches_per_epoch "
-                f"{fits * max(1, round(cfg.num_batches_per_epoch / fits))}, change those flags, or drop --no-async_rl"]
-    return []
-
-
-def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
-    """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
-    errors = []
-    if not cfg.async_rl and envs.num_agents_of(cfg.env) is None:
-        errors += synchronous_errors(cfg, probe.num_agents)
-    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
-        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
-    try:
-        continuous = not isinstance(action_distribution(probe.spaces[1]), Categoricals)
-    except ValueError as error:
-        return errors + [f"--env {cfg.env}: {error}"]
-    mask_error = action_mask_error(*probe.spaces)
-    if mask_error:
-        errors.append(f"--env {cfg.env}: {mask_error}")
-    if continuous and cfg.exploration_loss == "symmetric_kl":
-        errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
-                      "use --exploration_loss entropy")
-    elif ACTION_MASK in obs_shapes(probe.spaces[0]) and cfg.exploration_loss == "symmetric_kl":
-        errors.append(f"--exploration_loss symmetric_kl measures the policy against a uniform one over all actions, "
-                      f"and {cfg.env} masks some: use --exploration_loss entropy")
-    return errors
-
-
-def experiment_dir(cfg) -> str:
-    return os.path.join(cfg.train_dir, cfg.experiment)
-
-
-def experiment_dir_error(cfg) -> str | None:
-    """Can this run write its folder? Found out by making it, and a file in it, before anything
-    starts: a --train_dir under a read-only mount or /proc, or through a regular file, otherwise
-    failed later as a traceback."""
-    name = cfg.experiment
-    if name in ("", ".", "..") or "/" in name or (os.altsep and os.altsep in name):
-        return (f"--experiment {name!r} is not a plain name: it names one folder inside --train_dir, "
-                "so no '/' and not '.' or '..'")
-    path = experiment_dir(cfg)
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as error:
-        return (f"--train_dir {cfg.train_dir}: cannot write the experiment folder {path} "
-                f"({error.strerror or error}); give a folder you can write")
-    return None
-
-
-def saved_config_errors(cfg) -> list[str]:
-    path = os.path.join(experiment_dir(cfg), "config.json")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        saved = json.load(f)
-    return [f"--{flag} {getattr(cfg, flag)} conflicts with {saved.get(flag)} saved in {path}: "
-            f"use another --experiment or the saved value" for flag in IMMUTABLE_FLAGS
-            if flag in saved and saved[flag] != getattr(cfg, flag)]
-
-
-def flag_errors(cfg) -> list[str]:
-    """Every mistake in the flags, in the order a user can fix them; the run's folder is made
-    (and tested) only when the flags are right."""
-    errors = config_errors(cfg)
-    if errors or cfg.mode != "train":
-        return errors
-    errors = saved_config_errors(cfg) if cfg.restart_behavior == "resume" else []  # else nothing is kept
-    folder_error = None if errors else experiment_dir_error(cfg)
-    return errors + ([folder_error] if folder_error else [])
-
-
-def start_afresh(cfg) -> str | None:
-    """--restart_behavior restart or overwrite: moves the experiment's folder aside or deletes it,
-    if it holds anything; returns what it did, for the run's output."""
-    path = experiment_dir(cfg)
-    if cfg.restart_behavior == "resume" or cfg.rank != 0 or not os.path.isdir(path) or not os.listdir(path):
-        return None
-    if cfg.restart_behavior == "overwrite":
-        shutil.rmtree(path)
-        return f"deleted {path} (--restart_behavior overwrite); training from scratch"
-    attempt = 1
-    while os.path.exists(f"{path}_old{attempt:04d}"):
-        attempt += 1
-    os.rename(path, f"{path}_old{attempt:04d}")
-    return f"moved {path} to {path}_old{attempt:04d} (--restart_behavior restart); training from scratch"
-
-
-def print_errors(errors: list[str], most: int = 3):
-    for error in errors[:most]:
-        print(f"error: {error}", file=sys.stderr)
-    more = f"({len(errors) - most} more errors after these.) " if len(errors) > most else ""
-    print(f"{more}{HELP_HINT}", file=sys.stderr)
+def make_env(cfg, env_index: int, render_mode: str | None = None) -> Agents:
+    """ENV HOOK: every env the trainer steps is made here (env.py's create_env: add yours with
+    env.register_env)."""
+    return Agents(envs.create_env(cfg.env, cfg, env_index=env_index, render_mode=render_mode))
 
 
 # =============================================================================================
@@ -752,47 +299,6 @@ class MixedHeads:
 
 
 ActionDistribution = Categoricals | DiagonalGaussian | MixedHeads
-ACTION_SPACES = "Discrete, MultiDiscrete, MultiBinary, Box, or a Tuple or Dict of them"
-
-
-def action_parts(action_space: spaces.Space) -> list[spaces.Space]:
-    """The Discrete, MultiDiscrete, MultiBinary and Box parts of an action space, depth first in
-    the space's own order (a Dict's keys as it lists them)."""
-    if isinstance(action_space, spaces.Tuple):
-        return [part for subspace in action_space.spaces for part in action_parts(subspace)]
-    if isinstance(action_space, spaces.Dict):
-        return [part for subspace in action_space.spaces.values() for part in action_parts(subspace)]
-    if isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)):
-        return [action_space]
-    raise ValueError(f"unsupported action space {action_space}: use {ACTION_SPACES}")
-
-
-def head_sizes(part: spaces.Space) -> list[int]:
-    """A discrete part's categorical heads: one for a Discrete, one per entry of a MultiDiscrete,
-    a two-way one per bit of a MultiBinary (the same policy as one Bernoulli per bit, and an
-    action mask can then forbid either value of a bit)."""
-    if isinstance(part, spaces.Discrete):
-        return [int(part.n)]
-    if isinstance(part, spaces.MultiDiscrete):
-        return [int(n) for n in part.nvec.reshape(-1)]
-    if isinstance(part, spaces.MultiBinary):
-        return [2] * int(np.prod(part.shape))
-    return []  # a Box
-
-
-def continuous_dims(part: spaces.Space) -> int:
-    return int(np.prod(part.shape)) if isinstance(part, spaces.Box) else 0
-
-
-def action_distribution(action_space: spaces.Space) -> ActionDistribution:
-    parts = action_parts(action_space)
-    heads = [size for part in parts for size in head_sizes(part)]
-    dims = sum(continuous_dims(part) for part in parts)
-    if not dims:
-        return Categoricals(heads)
-    if not heads:
-        return DiagonalGaussian(dims)
-    return MixedHeads(Categoricals(heads), DiagonalGaussian(dims))
 
 
 # PettingZoo's convention: an observation key whose entries are 1 for the actions allowed now and
@@ -803,26 +309,17 @@ ACTION_MASK = "action_mask"
 MASKED_LOGIT = -1e9
 
 
-def discrete_logits(action_dist: ActionDistribution) -> int:
-    """How many of the logits are categorical: they come first in every distribution."""
-    if isinstance(action_dist, MixedHeads):
-        return action_dist.discrete.num_outputs
-    return action_dist.num_outputs if isinstance(action_dist, Categoricals) else 0
-
-
-def action_mask_error(obs_space: spaces.Space, action_space: spaces.Space) -> str | None:
-    """Why an action_mask observation cannot mask `action_space`'s logits, or None."""
-    if not isinstance(obs_space, spaces.Dict) or ACTION_MASK not in obs_space.spaces:
-        return None
-    width, shape = discrete_logits(action_distribution(action_space)), tuple(obs_space[ACTION_MASK].shape)
-    if width == 0:
-        return (f"the observation '{ACTION_MASK}' masks discrete actions, and the action space {action_space} has "
-                "none: rename the key if it is an input, or drop it")
-    if shape != (width,):
-        return (f"the observation '{ACTION_MASK}' has shape {shape}, and the action space {action_space} has {width} "
-                f"discrete choices: make the mask a vector of {width}, one entry per choice of each discrete head "
-                "in order (a MultiBinary bit: two, for 0 and 1)")
-    return None
+def action_distribution(action_space: spaces.Space) -> ActionDistribution:
+    """Categorical heads for the discrete parts, a Gaussian for the continuous ones (action_parts and
+    head_sizes, beside env_action, say how a space splits into them)."""
+    parts = action_parts(action_space)
+    heads = [size for part in parts for size in head_sizes(part)]
+    dims = sum(continuous_dims(part) for part in parts)
+    if not dims:
+        return Categoricals(heads)
+    if not heads:
+        return DiagonalGaussian(dims)
+    return MixedHeads(Categoricals(heads), DiagonalGaussian(dims))
 
 
 def obs_shapes(obs_space: spaces.Space) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -1548,6 +1045,479 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict):
 
 
 # =============================================================================================
+# PLUMBING: config: the command line, the general, env and system flags, the values derived from
+# them, the hardware probes and every check on them (all before anything starts)
+# =============================================================================================
+
+HELP_HINT = "Run python appo.py --help for every flag, its values and its default."
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse, but a mistake ends in two lines (the mistake, where to read more) instead of the
+    whole usage block, and only a flag's full name is accepted: with prefix matching, a typo of a
+    future flag (--encoder resnet before --encoder existed) silently set an old one (--encoder_dtype)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n{HELP_HINT}\n")
+
+
+class Switch(argparse.Action):
+    """A boolean flag: --name sets it and --no-name clears it, and --name=True / --name=False
+    say the same (how Sample Factory's launcher and W&B sweeps pass booleans)."""
+
+    WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+    def __init__(self, option_strings, dest, default=False, help=None, **kwargs):
+        names = [name for option in option_strings for name in (option, "--no-" + option[2:])]
+        super().__init__(names, dest, nargs="?", default=default, help=help, metavar="BOOL", **kwargs)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if option_string.startswith("--no-"):
+            if value is not None:
+                parser.error(f"{option_string} takes no value: use --{option_string[5:]}={value} instead")
+            setattr(namespace, self.dest, False)
+        elif value is None:
+            setattr(namespace, self.dest, True)
+        elif value.lower() in self.WORDS:
+            setattr(namespace, self.dest, self.WORDS[value.lower()])
+        else:
+            parser.error(f"{option_string}={value}: a switch takes True or False (or nothing: on)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _format_action_invocation(self, action):
+        if isinstance(action, Switch):  # not "--name [NAME], --no-name [NAME]"
+            return " / ".join(action.option_strings) + " (or =True / =False)"
+        return super()._format_action_invocation(action)
+
+
+def positive(action: argparse.Action) -> argparse.Action:
+    """Marks a number flag that must be above 0 (config_errors checks every flag so marked)."""
+    action.bound = "positive"
+    return action
+
+
+def at_least_0(action: argparse.Action) -> argparse.Action:
+    """Marks a number flag that must be 0 or more."""
+    action.bound = "at_least_0"
+    return action
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """`--flag -1e-4` -> `--flag=-1e-4`: argparse reads a token that starts with '-' and is not a
+    plain integer or decimal as a flag, so scientific notation and some negative numbers were
+    "expected one argument" instead of a value (and the range check that names the flag)."""
+    joined = []
+    for token in argv:
+        previous = joined[-1] if joined else ""
+        if previous.startswith("--") and "=" not in previous and token.startswith("-") and _is_number(token):
+            joined[-1] = f"{previous}={token}"
+        else:
+            joined.append(token)
+    return joined
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+        return True
+    except ValueError:
+        return False
+
+
+def integer(text: str) -> int:
+    """An int flag that also takes 1e6 or 2.5e9: frame budgets are written that way."""
+    value = float(text)
+    if not value.is_integer():
+        raise ValueError(text)
+    return int(value)
+
+
+UNLIMITED_FRAMES, UNLIMITED_SECONDS = 10_000_000_000, 1e10  # the budgets' defaults: no budget
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = FlagParser(
+        description="Asynchronous PPO with V-trace (Sample Factory's APPO) on one machine.",
+        formatter_class=HelpFormatter,
+    )
+    parser.register("action", "switch", Switch)  # for env.py's family flags too
+    general = parser.add_argument_group("general")
+    modes = [extra for extra in EXTRAS if extra.mode]  # evaluation's "eval"
+    general.add_argument("--mode", choices=["train", *(extra.mode for extra in modes)], default="train",
+                         help="train" + "".join(f", or {extra.mode}: {extra.mode_help}" for extra in modes))
+    general.add_argument("--env", default="doom_basic",
+                         help=f"env name: {envs.names_help()}, or one added with env.register_env")
+    general.add_argument("--experiment", default=None,
+                         help="experiment name; results go to train_dir/experiment (default: the env name, "
+                              "with ':' and '/' as '_')")
+    general.add_argument("--train_dir", default="train_dir", help="folder that holds all experiments")
+    general.add_argument("--restart_behavior", choices=["resume", "restart", "overwrite"], default="resume",
+                         help="when the experiment's folder exists: resume its training; restart from scratch, "
+                              "the old folder moved whole to EXPERIMENT_old0001 (then 0002, ...); or overwrite "
+                              "it (deleted, then from scratch). Sample Factory's flag and meanings")
+    at_least_0(general.add_argument("--seed", type=int, default=None,
+                                    help="random seed (default: drawn at random; a run prints it and config.json "
+                                         "keeps it)"))
+    positive(general.add_argument("--train_for_env_steps", type=integer, default=UNLIMITED_FRAMES,
+                                  help="stop after this many env frames (frameskip included)"))
+    positive(general.add_argument("--train_for_seconds", type=float, default=UNLIMITED_SECONDS,
+                                  help="stop after this many seconds of training"))
+    positive(general.add_argument("--save_every_sec", type=float, default=120.0,
+                                  help="seconds between checkpoints (one is also written at exit)"))
+    positive(general.add_argument("--keep_checkpoints", type=int, default=3,
+                                  help="how many recent checkpoints to keep per policy"))
+    positive(general.add_argument("--report_every_sec", type=float, default=5.0,
+                                  help="seconds between status lines and TensorBoard summaries"))
+
+    env_group = parser.add_argument_group("env")
+    positive(env_group.add_argument("--env_frameskip", type=int, default=None,
+                                    help="frames per agent step (default: the env's own, e.g. 4 for Doom)"))
+    envs.add_flags(env_group)  # each env family's own flags (env.py declares and checks them)
+
+    add_research_flags(parser)  # model, algorithm, optimizer: at the top of the file
+
+    system = parser.add_argument_group("system")
+    positive(system.add_argument("--num_workers", type=int, default=max(1, os.cpu_count() or 1),
+                                 help="rollout worker processes"))
+    positive(system.add_argument("--num_envs_per_worker", type=int, default=2, help="envs per rollout worker"))
+    positive(system.add_argument("--worker_num_splits", type=int, default=2,
+                                 help="groups of envs per worker: one steps while the other waits for actions"))
+    positive(system.add_argument("--num_policies", type=int, default=1, help="policies trained at once"))
+    positive(system.add_argument("--policy_workers_per_policy", type=int, default=1,
+                                 help="inference processes per policy"))
+    positive(system.add_argument("--remap_policies_every", type=int, default=5,
+                                 help="with several policies: each env's agents are handed to new random policies "
+                                      "after this many of its episodes (self-play meets every pairing)"))
+    system.add_argument("--past_opponents_fraction", type=float, default=0.0,
+                        help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
+                             "version of the population instead of a learning policy, drawn at every remap")
+    system.add_argument("--device", choices=["auto", "cpu", "cuda", "gpu"], default="auto",
+                        help="where the learner and policy workers run; auto: cuda when torch sees a GPU, "
+                             "otherwise cpu (rollout workers always run on the CPU); gpu, Sample Factory's "
+                             "word, means cuda")
+    positive(system.add_argument("--learner_threads", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 2)),
+                                 help="torch threads of the learner (default: half the CPU cores, 1 to 4). More threads "
+                                      "than cores left free by the workers waste time waiting for each other "
+                                      "(docs/measurements.md)"))
+    positive(system.add_argument("--policy_worker_threads", type=int, default=1,
+                                 help="torch threads of each policy worker; its batches are small, so more threads "
+                                      "mostly wait for each other (docs/measurements.md)"))
+    positive(system.add_argument("--env_step_timeout", type=float, default=60.0,
+                                 help="seconds a rollout or policy worker may go without progress (a hung env) "
+                                      "before it is killed and restarted"))
+    at_least_0(system.add_argument("--max_restarts", type=int, default=10,
+                                   help="worker restarts allowed within 10 minutes; one more stops the run"))
+    system.add_argument("--serial_mode", action="switch",
+                        help="for debugging: rollout workers, policy workers and learners run in this one process, "
+                             "in turn, with in-process queues (no child processes), so a debugger stops in any of "
+                             "them (python -m pdb appo.py --serial_mode ...), and with --seed two runs train alike")
+    system.add_argument("--set_workers_cpu_affinity", action="switch", default=False,
+                        help="pin each rollout worker, with the game processes of its envs, to one core (round "
+                             "robin) and lower its priority, so that learners and policy workers, which everyone "
+                             "waits on, run first; a worker and its games then hand each step over on one core "
+                             "(the Doom family's default: docs/measurements.md)")
+
+    system.add_argument("--compile", action="switch", default=False,
+                        help="torch.compile the model's encoder (the convolutions, most of the compute) in the "
+                             "policy workers and the learners: the same code, fused by the compiler; each of "
+                             "those processes compiles it first (tens of seconds; docs/results/throughput.md)")
+
+    for extra in EXTRAS:  # the extras below the core: their own flags
+        extra.add_flags(parser)
+    return parser
+
+
+def listed(items: list[str], separator: str = ", ", last: str = " and ") -> str:
+    return separator.join(items[:-1]) + (last if len(items) > 1 else "") + items[-1]
+
+
+def encoder_activations() -> str:
+    """"ELU for convnet_simple, ReLU for convnet_atari and resnet": each encoder's activation."""
+    by_activation: dict[str, list[str]] = {}
+    for name, encoder in CONV_ENCODERS.items():
+        by_activation.setdefault(encoder.activation.__name__, []).append(name)
+    return ", ".join(f"{activation} for {listed(names)}" for activation, names in by_activation.items())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses flags; the env's own defaults (frameskip, gamma, ...) apply unless given."""
+    parser = build_parser()
+    argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
+    # --env first, without --help: so that `--env atari_breakout --help` shows the Atari family's defaults
+    env_only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    env_only.add_argument("--env", default=parser.get_default("env"))
+    known, _ = env_only.parse_known_args(argv)
+    parser.set_defaults(**envs.env_defaults(known.env))
+    cfg = parser.parse_args(argv)
+    given = {arg.split("=")[0] for arg in argv if arg.startswith("--")}
+    cfg.flags_given = sorted(action.dest for action in parser._actions if given & set(action.option_strings))
+    if fits_batches(cfg) and envs.num_agents_of(cfg.env) is not None:  # else once the runner has made one
+        fit_synchronous_batches(cfg, envs.num_agents_of(cfg.env))
+    if cfg.device == "auto":
+        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg.device = "cuda" if cfg.device == "gpu" else cfg.device
+    if cfg.env_frameskip is None:
+        cfg.env_frameskip = 1
+    if cfg.experiment is None:
+        cfg.experiment = cfg.env.replace(":", "_").replace("/", "_")  # gym:MyFork/Reach-v0: one plain folder
+    cfg.rank, cfg.world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
+    if cfg.device == "cuda" and cfg.world_size > 1:
+        cfg.device = f"cuda:{os.environ.get('LOCAL_RANK', 0)}"  # one GPU per rank on each node
+    if cfg.seed is not None:
+        cfg.seed += 7919 * cfg.rank  # every rank collects different experience
+    if cfg.encoder_dtype == "auto":
+        cfg.encoder_dtype = "bfloat16" if native_bfloat16(cfg.device) else "float32"
+    return cfg
+
+
+# The sizes derived from the flags, each computed here and nowhere else.
+
+def samples_per_iteration(cfg) -> int:
+    """What the learner trains on at once (its batch): --num_batches_per_epoch minibatches of
+    --batch_size samples, Sample Factory's meanings."""
+    return cfg.batch_size * cfg.num_batches_per_epoch
+
+
+def trajectories_per_batch(cfg) -> int:
+    """The learner's batch is whole trajectories of --rollout steps, one per slot (config_errors
+    checks that --rollout divides --batch_size)."""
+    return samples_per_iteration(cfg) // cfg.rollout
+
+
+def samples_per_rollout_of_every_env(cfg, num_agents: int) -> int:
+    """What one rollout of every env of this rank gives: --no-async_rl collects whole multiples of it
+    between two batches."""
+    return cfg.num_workers * cfg.num_envs_per_worker * num_agents * cfg.rollout
+
+
+def rollouts_per_batch(cfg, num_agents: int) -> int:
+    """--no-async_rl: the rollouts each actor collects towards one batch."""
+    return max(1, samples_per_iteration(cfg) // samples_per_rollout_of_every_env(cfg, num_agents))
+
+
+def fits_batches(cfg) -> bool:
+    """Are the batch sizes a family's synchronous default, to be fitted to the workers?"""
+    return not cfg.async_rl and not {"async_rl", "batch_size", "num_batches_per_epoch"} & set(cfg.flags_given)
+
+
+def fit_synchronous_batches(cfg, num_agents: int):
+    """A family's synchronous default (Sample Factory's, for Atari and gym:) at any worker count.
+
+    A synchronous iteration is whole rollouts of every env, so its size follows the machine: here
+    it becomes the fewest rollouts of every env that hold the family's iteration and split into its
+    minibatches (--batch_size, kept, as are the epochs; --num_batches_per_epoch follows). The SGD
+    steps per sample stay the family's on 1 core or 64; what grows with the envs is the samples
+    between two updates, as when Sample Factory or CleanRL run more envs. Sizes of your own are
+    kept, and config_errors says if they do not fit. An env whose agents are known only once one is
+    made (pz:, registered ones) is fitted by the runner, after its probe.
+    """
+    samples = samples_per_rollout_of_every_env(cfg, num_agents)
+    if samples <= 0 or cfg.batch_size <= 0 or cfg.num_batches_per_epoch <= 0:
+        return  # config_errors names the flag
+    rollouts = max(1, -(-samples_per_iteration(cfg) // samples))  # ceiling division
+    while rollouts * samples % cfg.batch_size:
+        rollouts += 1  # ends by batch_size / gcd(samples, batch_size)
+    cfg.num_batches_per_epoch = rollouts * samples // cfg.batch_size
+
+
+def native_bfloat16(device: str) -> bool:
+    """Does this hardware multiply bfloat16 natively? Emulated bf16 (AVX-512 CPUs without its BF16
+    extension, GPUs before Ampere) is slower than float32, so `auto` must not pick it there."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    return torch.backends.mkldnn.is_available() and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def host_reads_stall(device: torch.device) -> bool:
+    """Does reading a tensor's value on the host (`.item()`, `bool()`, a boolean index) wait for
+    every kernel queued before it? On a GPU it does, and a learner step that reads a dozen values
+    runs a dozen times as a stop-and-go; so there the learner keeps its decisions on the device
+    (fused Adam skips a non-finite step itself, the normalisers weigh rows instead of selecting
+    them). On the CPU a read is free, and the learner keeps the code whose numerics the seeded
+    serial runs pin down (scripts/same_training.py)."""
+    return torch.device(device).type != "cpu"
+
+
+def distributed() -> bool:
+    """Whether this process is one of torchrun's ranks (the EXTRAS block multi-node joined them)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere: float32 is the safe guess)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def config_errors(cfg: argparse.Namespace) -> list[str]:
+    """Every problem with the flags, each naming the flag and the fix. Runs before any process."""
+    errors = []
+    env_problem = envs.env_error(cfg.env, cfg)
+    if env_problem:
+        errors.append(env_problem)
+    errors += envs.flag_errors(cfg)
+    for action in build_parser()._actions:  # the flags marked positive or at_least_0 where they are declared
+        value, bound = getattr(cfg, action.dest, None), getattr(action, "bound", None)
+        if bound == "positive" and value is not None and not value > 0:  # None: an optional flag left unset
+            errors.append(f"--{action.dest} must be positive, got {value}")
+        elif bound == "at_least_0" and value is not None and not value >= 0:
+            errors.append(f"--{action.dest} must be 0 or more, got {value}")
+    if any(width <= 0 for width in cfg.encoder_mlp_layers):
+        errors.append(f"--encoder_mlp_layers must be positive widths, got {' '.join(map(str, cfg.encoder_mlp_layers))}")
+    if not 0 <= cfg.gae_lambda <= 1:
+        errors.append(f"--gae_lambda must be in [0, 1], got {cfg.gae_lambda}")
+    for flag in ["adam_beta1", "adam_beta2"]:
+        if not 0 <= getattr(cfg, flag) < 1:
+            errors.append(f"--{flag} must be in [0, 1), got {getattr(cfg, flag)}")
+    if not 0 < cfg.gamma <= 1:
+        errors.append(f"--gamma must be in (0, 1], got {cfg.gamma}")
+    if errors:
+        return errors
+    if cfg.worker_num_splits > cfg.num_envs_per_worker:
+        errors.append(f"--worker_num_splits {cfg.worker_num_splits} is larger than "
+                      f"--num_envs_per_worker {cfg.num_envs_per_worker}: use at most as many splits as envs")
+    elif cfg.num_envs_per_worker % cfg.worker_num_splits:
+        errors.append(f"--num_envs_per_worker {cfg.num_envs_per_worker} is not divisible by "
+                      f"--worker_num_splits {cfg.worker_num_splits}: make it a multiple")
+    if cfg.rollout > cfg.batch_size:
+        errors.append(f"--rollout {cfg.rollout} is larger than --batch_size {cfg.batch_size}: "
+                      "lower --rollout or raise --batch_size")
+    elif cfg.batch_size % cfg.rollout:
+        errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout} (a minibatch "
+                      f"is whole trajectories): use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout}")
+    if not 0 <= cfg.past_opponents_fraction <= 1:
+        errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
+    elif cfg.past_opponents_fraction > 0 and envs.num_agents_of(cfg.env) == 1:
+        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
+    if not cfg.async_rl:
+        errors += synchronous_errors(cfg, envs.num_agents_of(cfg.env))
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        errors.append("--device cuda but torch sees no GPU: use --device cpu or install a CUDA build of torch")
+    for extra in EXTRAS:
+        errors += extra.flag_errors(cfg)
+    return errors
+
+
+def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
+    """--no-async_rl's conditions; the batch's fit waits for the env's agent count where it is not
+    known before making one (num_agents None: a registered env, checked again after the probe)."""
+    if cfg.num_policies > 1 or cfg.past_opponents_fraction > 0:
+        return ["--no-async_rl is for one policy: with several (or past opponents) an env's agents feed "
+                "different learners, and no one batch waits for them all; drop --no-async_rl, or pass "
+                "--async_rl where it is the env family's default"]
+    if num_agents is None:
+        return []
+    samples, iteration = samples_per_rollout_of_every_env(cfg, num_agents), samples_per_iteration(cfg)
+    if iteration % samples:
+        agents = f" x {num_agents} agents" if num_agents > 1 else ""
+        fits = next(n for n in itertools.count(1) if n * cfg.batch_size % samples == 0)
+        return [f"--no-async_rl needs an iteration (--batch_size {cfg.batch_size} x --num_batches_per_epoch "
+                f"{cfg.num_batches_per_epoch} = {iteration:,} samples) to be whole rollouts of every env: "
+                f"--num_workers {cfg.num_workers} x --num_envs_per_worker {cfg.num_envs_per_worker}{agents} "
+                f"x --rollout {cfg.rollout} = {samples:,} samples: use --num_batches_per_epoch "
+                f"{fits * max(1, round(cfg.num_batches_per_epoch / fits))}, change those flags, or drop --no-async_rl"]
+    return []
+
+
+def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
+    """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
+    errors = []
+    if not cfg.async_rl and envs.num_agents_of(cfg.env) is None:
+        errors += synchronous_errors(cfg, probe.num_agents)
+    if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
+        errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
+    try:
+        continuous = not isinstance(action_distribution(probe.spaces[1]), Categoricals)
+    except ValueError as error:
+        return errors + [f"--env {cfg.env}: {error}"]
+    mask_error = action_mask_error(*probe.spaces)
+    if mask_error:
+        errors.append(f"--env {cfg.env}: {mask_error}")
+    if continuous and cfg.exploration_loss == "symmetric_kl":
+        errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
+                      "use --exploration_loss entropy")
+    elif ACTION_MASK in obs_shapes(probe.spaces[0]) and cfg.exploration_loss == "symmetric_kl":
+        errors.append(f"--exploration_loss symmetric_kl measures the policy against a uniform one over all actions, "
+                      f"and {cfg.env} masks some: use --exploration_loss entropy")
+    return errors
+
+
+def experiment_dir(cfg) -> str:
+    return os.path.join(cfg.train_dir, cfg.experiment)
+
+
+def experiment_dir_error(cfg) -> str | None:
+    """Can this run write its folder? Found out by making it, and a file in it, before anything
+    starts: a --train_dir under a read-only mount or /proc, or through a regular file, otherwise
+    failed later as a traceback."""
+    name = cfg.experiment
+    if name in ("", ".", "..") or "/" in name or (os.altsep and os.altsep in name):
+        return (f"--experiment {name!r} is not a plain name: it names one folder inside --train_dir, "
+                "so no '/' and not '.' or '..'")
+    path = experiment_dir(cfg)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        return (f"--train_dir {cfg.train_dir}: cannot write the experiment folder {path} "
+                f"({error.strerror or error}); give a folder you can write")
+    return None
+
+
+def saved_config_errors(cfg) -> list[str]:
+    path = os.path.join(experiment_dir(cfg), "config.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        saved = json.load(f)
+    return [f"--{flag} {getattr(cfg, flag)} conflicts with {saved.get(flag)} saved in {path}: "
+            f"use another --experiment or the saved value" for flag in IMMUTABLE_FLAGS
+            if flag in saved and saved[flag] != getattr(cfg, flag)]
+
+
+def flag_errors(cfg) -> list[str]:
+    """Every mistake in the flags, in the order a user can fix them; the run's folder is made
+    (and tested) only when the flags are right."""
+    errors = config_errors(cfg)
+    if errors or cfg.mode != "train":
+        return errors
+    errors = saved_config_errors(cfg) if cfg.restart_behavior == "resume" else []  # else nothing is kept
+    folder_error = None if errors else experiment_dir_error(cfg)
+    return errors + ([folder_error] if folder_error else [])
+
+
+def start_afresh(cfg) -> str | None:
+    """--restart_behavior restart or overwrite: moves the experiment's folder aside or deletes it,
+    if it holds anything; returns what it did, for the run's output."""
+    path = experiment_dir(cfg)
+    if cfg.restart_behavior == "resume" or cfg.rank != 0 or not os.path.isdir(path) or not os.listdir(path):
+        return None
+    if cfg.restart_behavior == "overwrite":
+        shutil.rmtree(path)
+        return f"deleted {path} (--restart_behavior overwrite); training from scratch"
+    attempt = 1
+    while os.path.exists(f"{path}_old{attempt:04d}"):
+        attempt += 1
+    os.rename(path, f"{path}_old{attempt:04d}")
+    return f"moved {path} to {path}_old{attempt:04d} (--restart_behavior restart); training from scratch"
+
+
+def print_errors(errors: list[str], most: int = 3):
+    for error in errors[:most]:
+        print(f"error: {error}", file=sys.stderr)
+    more = f"({len(errors) - most} more errors after these.) " if len(errors) > most else ""
+    print(f"{more}{HELP_HINT}", file=sys.stderr)
+
+
+# =============================================================================================
 # PLUMBING: shared memory: trajectory slots, published weights, run state, and who owns what
 # =============================================================================================
 
@@ -2122,6 +2092,61 @@ class SyncGate:
         return released
 
 
+# Action spaces as the policy sees them: a space's parts and heads, and the check on an action mask.
+ACTION_SPACES = "Discrete, MultiDiscrete, MultiBinary, Box, or a Tuple or Dict of them"
+
+
+def action_parts(action_space: spaces.Space) -> list[spaces.Space]:
+    """The Discrete, MultiDiscrete, MultiBinary and Box parts of an action space, depth first in
+    the space's own order (a Dict's keys as it lists them)."""
+    if isinstance(action_space, spaces.Tuple):
+        return [part for subspace in action_space.spaces for part in action_parts(subspace)]
+    if isinstance(action_space, spaces.Dict):
+        return [part for subspace in action_space.spaces.values() for part in action_parts(subspace)]
+    if isinstance(action_space, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary, spaces.Box)):
+        return [action_space]
+    raise ValueError(f"unsupported action space {action_space}: use {ACTION_SPACES}")
+
+
+def head_sizes(part: spaces.Space) -> list[int]:
+    """A discrete part's categorical heads: one for a Discrete, one per entry of a MultiDiscrete,
+    a two-way one per bit of a MultiBinary (the same policy as one Bernoulli per bit, and an
+    action mask can then forbid either value of a bit)."""
+    if isinstance(part, spaces.Discrete):
+        return [int(part.n)]
+    if isinstance(part, spaces.MultiDiscrete):
+        return [int(n) for n in part.nvec.reshape(-1)]
+    if isinstance(part, spaces.MultiBinary):
+        return [2] * int(np.prod(part.shape))
+    return []  # a Box
+
+
+def continuous_dims(part: spaces.Space) -> int:
+    return int(np.prod(part.shape)) if isinstance(part, spaces.Box) else 0
+
+
+def discrete_logits(action_dist: ActionDistribution) -> int:
+    """How many of the logits are categorical: they come first in every distribution."""
+    if isinstance(action_dist, MixedHeads):
+        return action_dist.discrete.num_outputs
+    return action_dist.num_outputs if isinstance(action_dist, Categoricals) else 0
+
+
+def action_mask_error(obs_space: spaces.Space, action_space: spaces.Space) -> str | None:
+    """Why an action_mask observation cannot mask `action_space`'s logits, or None."""
+    if not isinstance(obs_space, spaces.Dict) or ACTION_MASK not in obs_space.spaces:
+        return None
+    width, shape = discrete_logits(action_distribution(action_space)), tuple(obs_space[ACTION_MASK].shape)
+    if width == 0:
+        return (f"the observation '{ACTION_MASK}' masks discrete actions, and the action space {action_space} has "
+                "none: rename the key if it is an input, or drop it")
+    if shape != (width,):
+        return (f"the observation '{ACTION_MASK}' has shape {shape}, and the action space {action_space} has {width} "
+                f"discrete choices: make the mask a vector of {width}, one entry per choice of each discrete head "
+                "in order (a MultiBinary bit: two, for 0 and 1)")
+    return None
+
+
 def env_action(action_space, action_row: np.ndarray):
     """A slot's action row as the env takes it: the heads' choices first, then the continuous values
     (action_distribution's layout), each part given its space's shape, dtype and offset."""
@@ -2190,10 +2215,6 @@ class Agents:
 
     def close(self):
         self.env.close()
-
-
-def make_env(cfg, env_index: int, render_mode: str | None = None) -> Agents:
-    return Agents(envs.create_env(cfg.env, cfg, env_index=env_index, render_mode=render_mode))  # ENV HOOK
 
 
 class RolloutWorker:
