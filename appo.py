@@ -907,16 +907,15 @@ def vtrace_targets(model: ActorCritic, steps: dict[str, torch.Tensor], values: t
 
 
 def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
-              update_statistics: bool = False, report: bool = True):
+              update_statistics: bool = False):
     """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first).
 
     V-trace targets are computed here, per minibatch, on the learner's own values (step T holds
     only the bootstrap observation, see gae_targets); with GAE the batch carries the targets and
     advantages that gae_targets computed for it ("target", "advantage", [T, B]). Returns (loss,
-    stats): with `report`, a dict of 0-dim tensors that the status line and TensorBoard show
-    (the learner asks for them only when a report is due: they cost dozens of small kernels).
-    With `update_statistics` V-trace's targets also update the running return statistics (the
-    learner asks for it in the first epoch only, so each target is counted once).
+    aux): aux holds the loss's terms and the per-step tensors that loss_stats makes the figures
+    of. With `update_statistics` V-trace's targets also update the running return statistics
+    (the learner asks for it in the first epoch only, so each target is counted once).
     """
     if not cfg.with_vtrace and "target" not in batch:
         raise KeyError("appo_loss with GAE (--no-with_vtrace) trains on the batch's 'target' and 'advantage': "
@@ -944,18 +943,27 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     critic_loss = value_loss(values, steps["value"], targets, cfg.ppo_clip_value, mask)
     exploration, entropy = exploration_loss(logits, action_dist, mask, cfg)
     loss = policy_loss + cfg.value_loss_coeff * critic_loss + cfg.exploration_loss_coeff * exploration
-    if not report:
-        return loss, {}
-    with torch.no_grad():
-        stats = {
-            "loss": loss.detach(), "policy_loss": policy_loss.detach(), "value_loss": critic_loss.detach(),
-            "entropy": entropy.detach(), "valid_fraction": mask.mean(),
+    return loss, {"loss": loss, "policy_loss": policy_loss, "value_loss": critic_loss, "entropy": entropy,
+                  "log_probs": log_probs, "behaviour_log_probs": behaviour_log_probs, "values": values,
+                  "targets": targets, "mask": mask, "lag": lag}
+
+
+@torch.no_grad()
+def loss_stats(model: ActorCritic, aux: dict, cfg) -> dict:
+    """The figures the status line and TensorBoard show of a step, from appo_loss's aux: its numbers
+    (0-dim tensors or floats) as they are, so a term of your own put there reaches TensorBoard as
+    pN/NAME, and from its per-step tensors the valid share, the policy lag and PPO's health. Only
+    when a report is due (about once a second): they cost dozens of small kernels."""
+    stats = {name: value.detach() if torch.is_tensor(value) else value for name, value in aux.items()
+             if not torch.is_tensor(value) or value.dim() == 0}
+    if "mask" not in aux:  # a loss of your own that keeps only its numbers
+        return stats
+    mask, lag, log_probs, behaviour_log_probs = aux["mask"], aux["lag"], aux["log_probs"], aux["behaviour_log_probs"]
+    return {**stats, "valid_fraction": mask.mean(),
             "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask),
-            "value_mean": masked_mean(model.values_to_returns(values), mask),
+            "value_mean": masked_mean(model.values_to_returns(aux["values"]), mask),
             "lag_min": lag.min().float(), "lag_avg": lag.float().mean(), "lag_max": lag.max().float(),
-            **ppo_health(log_probs, behaviour_log_probs, values, targets, mask, cfg.ppo_clip_ratio),
-        }
-    return loss, stats
+            **ppo_health(log_probs, behaviour_log_probs, aux["values"], aux["targets"], mask, cfg.ppo_clip_ratio)}
 
 
 def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, torch.Tensor]:
@@ -985,13 +993,13 @@ def scheduled_learning_rate(cfg, env_frames: int) -> float | None:
 
 
 def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-               policy_version: int, cfg, report: bool = True) -> tuple[dict, torch.Tensor]:
+               policy_version: int, cfg) -> tuple[dict, torch.Tensor]:
     """One training iteration on a batch [T+1, B, ...]: the input statistics (and with GAE the
     batch's targets, see gae_targets), then --num_epochs passes over the batch, each in
     --num_batches_per_epoch minibatches of whole trajectories (V-trace runs along a trajectory,
     and each starts from its own saved RNN state), one optimiser step each. Every statistic
-    counts the batch once. Returns (with `report` the last step's loss stats and gradient norm,
-    else {}; the steps skipped at a non-finite loss or gradient, a 0-dim tensor)."""
+    counts the batch once. Returns (the last step's aux from appo_loss with its gradient norm, for
+    loss_stats; the steps skipped at a non-finite loss or gradient, a 0-dim tensor)."""
     model.update_normalizers({key: trajectory_major(batch[key]) for key in model.encoders})
     trajectories = batch["done"].shape[1]
     size = trajectories // cfg.num_batches_per_epoch  # --batch_size / --rollout for a whole iteration
@@ -1001,13 +1009,12 @@ def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict
         batch = {**batch, **gae_targets(model, batch, policy_version, cfg)}
     schedule = [(epoch, rows) for epoch in range(cfg.num_epochs) for rows in minibatches]
     skipped = torch.zeros((), device=batch["done"].device)
-    for step, (epoch, rows) in enumerate(schedule):
+    for epoch, rows in schedule:
         minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
-        loss, stats = appo_loss(model, minibatch, policy_version, cfg, update_statistics=epoch == 0,
-                                report=report and step == len(schedule) - 1)
+        loss, aux = appo_loss(model, minibatch, policy_version, cfg, update_statistics=epoch == 0)
         grad_norm, step_skipped = optimizer_step(model, optimizer, loss, cfg)
         skipped += step_skipped
-    return ({**stats, "grad_norm": grad_norm} if report else {}), skipped
+    return {**aux, "grad_norm": grad_norm}, skipped
 
 
 def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg
@@ -3062,7 +3069,7 @@ class Learner:
         steps = self.cfg.num_epochs * self.cfg.num_batches_per_epoch
         if self.sgd_events is not None:
             self.sgd_events[0].record()
-        stats, skipped = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg, report)
+        aux, skipped = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg)
         if self.sgd_events is not None:
             self.sgd_events[1].record()
         self.skipped_steps = self.skipped_steps + skipped
@@ -3070,6 +3077,7 @@ class Learner:
         self.nonfinite_in_a_row = (self.nonfinite_in_a_row + skipped) * (skipped == steps)
         if not report:
             return {}
+        stats = loss_stats(self.model, aux, self.cfg)
         read_back = [*stats.values(), self.skipped_steps, self.nonfinite_in_a_row]  # a forker's stats may be floats
         *values, skipped_steps, in_a_row = torch.stack([torch.as_tensor(value, dtype=torch.float32, device=self.device)
                                                         for value in read_back]).tolist()

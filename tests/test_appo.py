@@ -710,14 +710,15 @@ def test_one_learner_step_changes_the_weights_and_every_parameter_gets_a_gradien
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    loss, stats = loss_of_batch(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
+    loss, aux = loss_of_batch(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
     loss.backward()
     for name, parameter in model.named_parameters():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
     optimizer.step()
     for name, parameter in model.named_parameters():
         assert not torch.equal(parameter, before[name]), name
-    assert stats["valid_fraction"] == 1.0 and torch.isfinite(stats["loss"])
+    stats = appo.loss_stats(model, aux, cfg)
+    assert stats["valid_fraction"] == 1.0 and torch.isfinite(stats["loss"]) and not stats["loss"].requires_grad
 
 
 @pytest.mark.parametrize("with_vtrace", [True, False])
@@ -735,9 +736,9 @@ def test_the_critic_learns_the_value_of_its_observations(with_vtrace):
         batch = fake_batch(vector, actions, cfg, 6, 16)
         batch["reward"] = 2.0 * batch["obs"][..., 0] + 1.0
         for _ in range(60):
-            stats, skipped = appo.sgd_update(model, optimizer, batch, 0, cfg)
+            aux, skipped = appo.sgd_update(model, optimizer, batch, 0, cfg)
             assert skipped == 0
-        explained[value_loss_coeff] = stats["explained_variance"]
+        explained[value_loss_coeff] = appo.loss_stats(model, aux, cfg)["explained_variance"]
     assert explained[0.5] > 0.9 and explained[0.0] < 0.5, explained
 
 
@@ -929,14 +930,14 @@ def test_the_learner_asks_for_cudnns_rnn_in_full_float32_on_any_torch(monkeypatc
 
 
 def test_a_loss_whose_statistics_are_floats_still_reports_them(tmp_path, monkeypatch):
-    """docs/fork.md asks for 0-dim tensors; a forker's appo_loss that returns floats still trains and shows them."""
+    """docs/fork.md asks for 0-dim tensors; a forker's appo_loss whose numbers are floats still trains and shows them."""
     cfg = small_cfg(train_dir=str(tmp_path))
     learner = learner_with_weights(cfg)
     real_loss = appo.appo_loss
 
     def float_stats(*args, **kwargs):
-        loss, stats = real_loss(*args, **kwargs)
-        return loss, {name: float(value) for name, value in stats.items()}
+        loss, aux = real_loss(*args, **kwargs)
+        return loss, {name: value.item() if value.dim() == 0 else value for name, value in aux.items()}
 
     monkeypatch.setattr(appo, "appo_loss", float_stats)
     stats = learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))
@@ -997,7 +998,8 @@ def test_transitions_older_than_max_policy_lag_are_masked_out():
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4, policy_version=0)
     batch["policy_version"][:, :2] = 10  # two trajectories are recent at version 12, two are not
-    _, stats = loss_of_batch(model, batch, 12, cfg)
+    _, aux = loss_of_batch(model, batch, 12, cfg)
+    stats = appo.loss_stats(model, aux, cfg)
     assert stats["valid_fraction"] == pytest.approx(0.5)
     assert stats["lag_max"] == 12 and stats["lag_min"] == 2
 
