@@ -2486,8 +2486,7 @@ class RolloutWorker:
             if worked is False:
                 return
             if worked and time.monotonic() - last_report > 2.0:
-                self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.env_step_s,
-                                             "process": self.process_index})
+                self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.env_step_s})
                 self.env_step_s = 0.0
                 last_report = time.monotonic()
 
@@ -2766,7 +2765,7 @@ def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, 
         busy_s += time.perf_counter() - start
         if time.monotonic() - last_report > 2.0:
             shared.stats_queue.put({"type": "timing", "component": "inference", "busy_s": busy_s,
-                                    "process": process_index, **worker.take_report()})
+                                    **worker.take_report()})
             busy_s, last_report = 0.0, time.monotonic()
     for weights in shared.weights:
         weights.release()
@@ -3306,7 +3305,6 @@ class Stats:
         self.separate_objective = False  # whether a game's objective ever differed from its return (duels)
         self.learner = [{} for _ in range(num_policies)]
         self.busy_s = {"env": 0.0, "inference": 0.0, "learner": 0.0}  # summed over processes
-        self.busy_s_by_process = Counter()  # heartbeat index -> seconds: which processes did work
         # (kind, stage) -> seconds: where a kind's time goes, e.g. ("learner", "sgd"), ("inference", "forward")
         self.stage_s = Counter()
         self.busy_s_at_last_report, self.last_report_time = dict(self.busy_s), time.monotonic()
@@ -3338,8 +3336,6 @@ class Stats:
             self.busy_s[message["component"]] += message["busy_s"]
             self.add_stages(message["component"], message.get("stages", {}))
             self.acted.update(message.get("acted", {}))
-            if "process" in message:  # serial mode's one process sends none
-                self.busy_s_by_process[message["process"]] += message["busy_s"]
 
     def add_stages(self, kind: str, stages: dict[str, float]):
         for stage, seconds in stages.items():

@@ -441,7 +441,6 @@ def _button_and_value(press) -> tuple[str, float]:
 # apart (negative turns left); bin 10 is 0. VizDoom applies the value on every tic of a step, so a
 # step turns value x frameskip degrees.
 DOOM_TURN_DEGREES: tuple[float, ...] = tuple(float(d) for d in np.linspace(-12.5, 12.5, 21))
-DOOM_NO_TURN = DOOM_TURN_DEGREES.index(0.0)
 _MOVE = _one_of("MOVE_FORWARD", "MOVE_BACKWARD")
 _STRAFE = _one_of("MOVE_RIGHT", "MOVE_LEFT")
 _WEAPON = _one_of(*(f"SELECT_WEAPON{slot}" for slot in range(1, 8)))
@@ -1829,23 +1828,6 @@ DMLAB30_SCORES: dict[str, tuple[float, float]] = {  # level: (human score, rando
 DMLAB30_LEVELS: list[str] = list(DMLAB30_SCORES)
 # held-out twins of two training levels; they exist as levels too (see _dmlab_level_path)
 _DMLAB30_TEST_LEVELS = ("rooms_collect_good_objects_test", "rooms_exploit_deferred_effects_test")
-
-
-def dmlab30_human_normalized_score(level_returns: dict[str, float]) -> float:
-    """Mean over the 30 levels of the human-normalised score in percent, each capped at 100.
-
-    `level_returns` maps DMLab-30 training level names (as in info["level_name"]) to mean
-    episode returns. Other names are ignored; a missing DMLab-30 level raises ValueError.
-    """
-    missing = [level for level in DMLAB30_LEVELS if level not in level_returns]
-    if missing:
-        raise ValueError(f"DMLab-30 score needs returns for all 30 levels; missing: {', '.join(missing)}")
-    scores = []
-    for level in DMLAB30_LEVELS:
-        human, random = DMLAB30_SCORES[level]
-        score = 100.0 * (level_returns[level] - random) / (human - random)
-        scores.append(min(score, 100.0))
-    return float(np.mean(scores))
 
 
 def _is_dmlab_name(name: str) -> bool:

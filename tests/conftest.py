@@ -43,6 +43,13 @@ def process_running(pid: int) -> bool:
         return False
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system, all its threads) that process `pid` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def processes_still_tagged(tag: str, seconds: float = 15.0) -> list[int]:
     """processes_tagged(tag) once they had `seconds` to finish exiting (a multiprocessing resource
     tracker outlives its run by a moment)."""

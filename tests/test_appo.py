@@ -18,7 +18,7 @@ from gymnasium import spaces
 
 import appo
 import appo_ipc
-from conftest import processes_still_tagged, processes_tagged
+from conftest import cpu_seconds, processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1402,17 +1402,27 @@ def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_p
                            "--batch_size", "64", "--hidden_size", "64", "--policy_workers_per_policy", "2",
                            "--num_epochs", "2", "--num_batches_per_epoch", "2", "--train_for_env_steps", "20000",
                            "--report_every_sec", "2", "--train_dir", str(tmp_path), "--experiment", "e2e", "--seed", "1"])
-    seen = {}
+    first_beat, cpu_from, cpu_to = {}, {}, {}
 
     def watch(shared, workers, stats):
-        seen["policy workers"] = [child.index for child in workers.children if child.kind == "policy worker"]
-        seen["busy"] = dict(stats.busy_s_by_process)
+        for child in workers.children:
+            if child.kind != "policy worker":
+                continue
+            # The runner writes a child's heartbeat as it starts it; the child writes it only from its
+            # loop on, once torch is imported and its model built. From then on an idle policy worker
+            # sleeps in the request queue's futex: the CPU it uses is answering requests.
+            beat = int(shared.run.heartbeat[child.index])
+            if first_beat.setdefault(child.index, beat) != beat:
+                cpu_from.setdefault(child.index, cpu_seconds(child.process.pid))
+                cpu_to[child.index] = cpu_seconds(child.process.pid)
 
     result = appo.train(cfg, watch)
     assert result.exit_code == 0, capsys.readouterr().out[-3000:]
     assert "with 5 processes" in capsys.readouterr().out.splitlines()[0]  # a learner, 2 policy workers, 2 rollout workers
-    assert len(seen["policy workers"]) == 2
-    assert all(seen["busy"].get(index, 0.0) > 0 for index in seen["policy workers"]), seen  # both answered requests
+    assert len(first_beat) == 2
+    serving_s = {index: cpu_to.get(index, 0.0) - cpu_from.get(index, 0.0) for index in first_beat}
+    # both answered requests: 7-10 s of CPU each on 2 CPU cores, against 0.00 s for one kept idle
+    assert all(seconds > 0.5 for seconds in serving_s.values()), serving_s
     assert result.frames_trained[0] >= 20000
     assert checkpoint_versions(tmp_path)[-1] * 64 * 2 * 4 >= 20000  # one policy version per iteration (2 x 64)
     assert processes_still_tagged(tag) == []

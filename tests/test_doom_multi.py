@@ -16,6 +16,8 @@ import env as envs
 from conftest import vizdoom_processes
 from env import create_env, env_defaults, env_error, get_num_agents, reward_shaping_weights, set_reward_shaping
 
+DOOM_NO_TURN = envs.DOOM_TURN_DEGREES.index(0.0)  # the turn head's middle bin: no turning
+
 # 0.05 minutes of game time: 105 tics, 53 steps at frameskip 2
 SHORT_MATCH_MINUTES = 0.05
 SHORT_MATCH_TICS = 105
@@ -72,7 +74,7 @@ def random_actions(env, seed=0):
 def noop(env):
     """No button, no turning (the turn head's middle bin)."""
     action = [0] * len(env.action_space)
-    action[-1] = envs.DOOM_NO_TURN
+    action[-1] = DOOM_NO_TURN
     return tuple(action)
 
 
@@ -124,7 +126,7 @@ def test_every_option_presses_its_buttons(make_match, name, heads):
             sent = dict(zip(buttons, env.buttons_for(tuple(action))))
             pressed = {button: value for button, value in sent.items() if value != 0}
             assert pressed == {button: value for button, value in expected.items() if value != 0}, (head, option)
-    assert FULL_HEADS["turn"][envs.DOOM_NO_TURN] == {"TURN_LEFT_RIGHT_DELTA": 0.0}
+    assert FULL_HEADS["turn"][DOOM_NO_TURN] == {"TURN_LEFT_RIGHT_DELTA": 0.0}
 
 
 def test_turning_and_weapon_selection_in_the_game(make_match):
@@ -144,7 +146,7 @@ def test_turning_and_weapon_selection_in_the_game(make_match):
     # VizDoom applies the delta on each of the step's 2 tics; positive values turn right (clockwise)
     assert angle_after(0) == pytest.approx(25.0, abs=0.1)
     assert angle_after(20) == pytest.approx(-25.0, abs=0.1)
-    assert angle_after(envs.DOOM_NO_TURN) == pytest.approx(0.0, abs=0.1)
+    assert angle_after(DOOM_NO_TURN) == pytest.approx(0.0, abs=0.1)
 
     obs, *_ = env.step(noop(env))
     assert measurement(obs, "SELECTED_WEAPON") == pytest.approx(2)  # everyone starts with the pistol

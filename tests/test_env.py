@@ -533,6 +533,24 @@ def test_dmlab_seeds(fake_lab):
     assert len(set(lab_seeds(flags(seed=3), 1))) == 2  # each episode gets its own seed
 
 
+def dmlab30_human_normalized_score(level_returns: dict[str, float]) -> float:
+    """Mean over the 30 levels of the human-normalised score in percent, each capped at 100 (the
+    IMPALA paper's DMLab-30 figure, from env.py's DMLAB30_SCORES; no run computes it, so it lives here).
+
+    `level_returns` maps DMLab-30 training level names (as in info["level_name"]) to mean
+    episode returns. Other names are ignored; a missing DMLab-30 level raises ValueError.
+    """
+    missing = [level for level in envs.DMLAB30_LEVELS if level not in level_returns]
+    if missing:
+        raise ValueError(f"DMLab-30 score needs returns for all 30 levels; missing: {', '.join(missing)}")
+    scores = []
+    for level in envs.DMLAB30_LEVELS:
+        human, random = envs.DMLAB30_SCORES[level]
+        score = 100.0 * (level_returns[level] - random) / (human - random)
+        scores.append(min(score, 100.0))
+    return float(np.mean(scores))
+
+
 def test_dmlab30_human_normalized_score():
     returns = {level: random for level, (human, random) in envs.DMLAB30_SCORES.items()}  # 0 each
     returns["rooms_watermaze"] = 54.0  # human score: 100
@@ -540,11 +558,11 @@ def test_dmlab30_human_normalized_score():
     returns["explore_goal_locations_small"] = (267.5 + 7.66) / 2  # halfway: 50
     returns["rooms_collect_good_objects_train"] = 0.073 + 0.25 * (10 - 0.073)  # scored as its _test twin: 25
     returns["not_a_dmlab30_level"] = 1e6  # ignored
-    assert envs.dmlab30_human_normalized_score(returns) == pytest.approx((100 + 100 + 50 + 25) / 30)
+    assert dmlab30_human_normalized_score(returns) == pytest.approx((100 + 100 + 50 + 25) / 30)
 
     del returns["rooms_watermaze"]
     with pytest.raises(ValueError, match="rooms_watermaze"):
-        envs.dmlab30_human_normalized_score(returns)
+        dmlab30_human_normalized_score(returns)
 
 
 # ---------------------------------------------------------------------------------------------
