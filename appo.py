@@ -481,9 +481,8 @@ class ActorCritic(nn.Module):
 
     The contract: what the rest of the file calls on the model, which a replacement must keep.
     - forward(obs, rnn_state) -> (logits, values, next_rnn_state): one step of N envs (policy
-      workers, evaluation); forward_rollout(obs, first_rnn_state, dones, dones_host=None) ->
-      (logits, values) over [T+1, B] trajectories (the loss; dones_host, a host copy of the dones,
-      may be ignored). Tests check that the two agree.
+      workers, evaluation); forward_rollout(obs, first_rnn_state, dones) -> (logits, values) over
+      [T+1, B] trajectories (the loss). Tests check that the two agree.
     - encoders: keyed by observation name; its keys are the observations that the policy workers
       and the learner read from the slots (obs_shapes gives the same keys from the space). The
       action mask's entry is an nn.Identity that encode() skips: it is read, not encoded.
@@ -537,13 +536,6 @@ class ActorCritic(nn.Module):
             self.core = nn.GRUCell(cfg.hidden_size, cfg.hidden_size)
         elif cfg.rnn_type == "lstm":
             self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
-        if cfg.rnn_type != "none":
-            # forward_rollout's segment path runs the cell's own weights through this (functional_call);
-            # set past nn.Module's registration so the cell's stay the only parameters (and state_dict keys).
-            # On a GPU a call may repack the cell's weights in place into one cuDNN buffer
-            # (flatten_parameters): the same values and keys (not yet run on a GPU: gpu_check.py's CUDA tests)
-            rnn = nn.GRU if cfg.rnn_type == "gru" else nn.LSTM
-            object.__setattr__(self, "segment_rnn", rnn(cfg.hidden_size, cfg.hidden_size, device="meta"))
         self.policy_head = nn.Linear(cfg.hidden_size, self.action_dist.num_outputs)
         if self.action_dist.num_log_stds:
             self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.num_log_stds))  # std 1 at the start
@@ -664,95 +656,27 @@ class ActorCritic(nn.Module):
         core_out, next_state = self.core_step(self.core_inputs(self.encode(obs)), rnn_state)
         return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1), next_state
 
-    def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor,
-                        dones: torch.Tensor, dones_host: np.ndarray | None = None):
-        """A whole rollout: obs [T, B, ...], dones [T, B] -> logits [T, B, A], values [T, B].
-
-        The RNN state is reset after every step whose episode ended (done), exactly as the
-        rollout worker does when it acts, so training sees the same states as acting did.
-
-        Two paths to the same numbers. Given `dones_host` (the dones [T, B] as a host array: the
-        learner's batches carry one where host reads stall, see BatchBuffers), the RNN runs over
-        the rollout cut into episode segments in one nn.GRU/nn.LSTM call (cuDNN on a GPU: a few
-        kernels instead of a dozen per step), planned from that array so nothing is read from the
-        device. Otherwise it loops over the steps with core_step. The CPU keeps the loop: the
-        seeded serial runs pin its numerics (scripts/same_training.py), and one fused call sums in
-        another order.
-        """
-        steps, batch = dones.shape
+    def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor, dones: torch.Tensor):
+        """A whole rollout: obs [T, B, ...], dones [T, B] -> logits [T, B, A], values [T, B]."""
         features = self.encode({key: trajectory_major(value) for key, value in obs.items()})
-        if dones_host is not None and self.rnn_type != "none":
-            core_out = self.core_over_segments(features, first_rnn_state, dones_host)
-        else:
-            core_inputs = self.core_inputs(features).view(batch, steps, -1).transpose(0, 1)
-            rnn_state, core_outs = first_rnn_state, []
-            for t in range(steps):
-                if t > 0:
-                    rnn_state = rnn_state * (1.0 - dones[t - 1]).unsqueeze(1)
-                core_out, rnn_state = self.core_step(core_inputs[t], rnn_state)
-                core_outs.append(core_out)
-            core_out = torch.stack(core_outs)
+        core_out = self.core_over_rollout(features, first_rnn_state, dones)
         return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1)
 
-    def core_over_segments(self, features: torch.Tensor, first_rnn_state: torch.Tensor,
-                           dones_host: np.ndarray) -> torch.Tensor:
-        """forward_rollout's segment path: trajectory-major features [B * T, hidden] -> the RNN's
-        outputs [T, B, hidden]. Each trajectory's first segment starts from its saved state, every
-        later one (after a done) from zeros, as the loop's reset does; the segments run padded,
-        time first, in one call on the cell's weights."""
-        steps, batch = dones_host.shape
-        plan = rnn_segments(dones_host)
-        index = torch.from_numpy(plan.index)
-        if features.device.type == "cuda":  # from pinned memory: a pageable copy would wait for the stream
-            index = index.pin_memory().to(features.device, non_blocking=True)
-        gather, scatter = index.split([plan.max_len * plan.num_segments, steps * batch])
-        inputs = features.index_select(0, gather).view(plan.max_len, plan.num_segments, -1)
-
-        def initial(state):  # [1, segments, hidden]: the saved states, then zeros
-            return torch.cat([state, state.new_zeros(plan.num_segments - batch, state.shape[1])]).unsqueeze(0)
-
-        if self.rnn_type == "gru":
-            hx = initial(first_rnn_state)
-        else:
-            hx = tuple(initial(half) for half in first_rnn_state.chunk(2, dim=1))  # [hidden, cell], as core_step
-        weights = {f"{name}_l0": getattr(self.core, name)
-                   for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
-        outputs, _ = torch.func.functional_call(self.segment_rnn, weights, (inputs, hx))
-        return outputs.reshape(-1, outputs.shape[-1]).index_select(0, scatter).view(steps, batch, -1)
-
-
-class SegmentPlan(typing.NamedTuple):
-    """rnn_segments' answer. `index`: the gather index [max_len * num_segments] (step i of segment s
-    at i * num_segments + s reads trajectory-major row b * T + t; padding reads row 0 and is
-    discarded), then the scatter index [T * B] (where step t of trajectory b, in [T, B] order,
-    finds its output among the padded ones)."""
-    index: np.ndarray
-    max_len: int
-    num_segments: int
-
-
-def rnn_segments(dones: np.ndarray) -> SegmentPlan:
-    """Cuts trajectories [T, B] into episode segments, on the host: one starts at t = 0 and at every
-    t whose dones[t - 1] is set. Segments 0..B-1 are the trajectories' first (in trajectory order),
-    the later ones follow."""
-    steps, batch = dones.shape
-    starts = np.ones((batch, steps), dtype=bool)
-    starts[:, 1:] = dones.T[:, :-1] > 0
-    starts = starts.ravel()  # trajectory-major rows; every trajectory's row 0 starts one
-    start_rows = np.flatnonzero(starts)
-    segment_of_row = np.cumsum(starts) - 1  # in row order
-    first = start_rows % steps == 0
-    order = np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    lengths = np.diff(start_rows, append=steps * batch)[order]
-    num_segments, max_len = len(order), int(lengths.max())
-    offsets = np.arange(max_len)[:, None]
-    gather = np.where(offsets < lengths, start_rows[order] + offsets, 0)
-    rows = np.arange(steps * batch)
-    position = (rows - start_rows[segment_of_row]) * num_segments + rank[segment_of_row]
-    scatter = position.reshape(batch, steps).T
-    return SegmentPlan(np.concatenate([gather.ravel(), scatter.ravel()]).astype(np.int64), max_len, num_segments)
+    def core_over_rollout(self, features: torch.Tensor, first_rnn_state: torch.Tensor,
+                          dones: torch.Tensor) -> torch.Tensor:
+        """The core over a rollout: trajectory-major features [B * T, hidden] -> outputs [T, B, hidden].
+        The RNN state is reset after every step whose episode ended (done), exactly as the rollout
+        worker does when it acts, so training sees the same states as acting did. (On a GPU the
+        learner runs the same numbers as one cuDNN call over the episode segments: SegmentRNN.)"""
+        steps, batch = dones.shape
+        core_inputs = self.core_inputs(features).view(batch, steps, -1).transpose(0, 1)
+        rnn_state, core_outs = first_rnn_state, []
+        for t in range(steps):
+            if t > 0:
+                rnn_state = rnn_state * (1.0 - dones[t - 1]).unsqueeze(1)
+            core_out, rnn_state = self.core_step(core_inputs[t], rnn_state)
+            core_outs.append(core_out)
+        return torch.stack(core_outs)
 
 
 def trajectory_major(steps: torch.Tensor) -> torch.Tensor:
@@ -922,7 +846,7 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
                        "add them first with batch.update(gae_targets(model, batch, policy_version, cfg))")
     action_dist = model.action_dist
     logits, values = model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
-                                           batch["done"], dones_host=batch.get("done_host"))
+                                           batch["done"])
     steps, bootstrap_value, logits, values = steps_of(batch), values[-1], logits[:-1], values[:-1]
     log_probs = action_dist.log_prob(logits, steps["actions"])
     behaviour_log_probs = steps["log_prob"]
@@ -2905,12 +2829,114 @@ def rnn_in_full_float32():
         torch.backends.cudnn.allow_tf32 = False
 
 
+class SegmentRNN:
+    """The learner's accelerator for a GRU or LSTM core where host reads stall (a GPU): it replaces
+    this model instance's core_over_rollout (its state_dict and every other method unchanged) with
+    the same numbers in one nn.GRU/nn.LSTM call on the cell's own weights, over the rollout cut into
+    episode segments (cuDNN: a few kernels instead of a dozen a step). The CPU keeps the model's
+    loop: its seeded serial runs pin the loop's numerics (scripts/same_training.py), and one fused
+    call sums in another order (a test checks the two agree).
+
+    The segments are planned from the batch's host copy of the dones (BatchBuffers' "done_host",
+    handed over by `use`), so nothing is read from the device. A minibatch's dones are a view of the
+    batch's, and their offset in it names their columns; dones that are not such a view (the loss
+    called outside sgd_update) take the model's loop."""
+
+    def __init__(self, model: ActorCritic):
+        self.model, self.loop = model, model.core_over_rollout
+        # a module of its own, not registered with the model: the cell's weights stay its only parameters
+        # and state_dict keys. On a GPU a call may repack them in place into one cuDNN buffer
+        # (flatten_parameters): the same values and keys
+        self.rnn = (nn.GRU if model.rnn_type == "gru" else nn.LSTM)(model.hidden_size, model.hidden_size,
+                                                                     device="meta")
+        self.dones, self.dones_host = None, None
+        object.__setattr__(model, "core_over_rollout", self)
+
+    def use(self, dones: torch.Tensor, dones_host: np.ndarray | None):
+        """The next batch's dones [T+1, B], on the device and their host copy (None: loop)."""
+        self.dones, self.dones_host = dones, dones_host
+
+    def host_copy(self, dones: torch.Tensor) -> np.ndarray | None:
+        """The host copy of `dones` if they are columns of the batch's, else None."""
+        full = self.dones
+        if (self.dones_host is None or dones.shape[0] != full.shape[0] or dones.stride() != full.stride()
+                or dones.untyped_storage().data_ptr() != full.untyped_storage().data_ptr()):
+            return None
+        start, rest = divmod(dones.storage_offset() - full.storage_offset(), full.stride(1))
+        if rest or start < 0 or start + dones.shape[1] > full.shape[1]:
+            return None
+        return self.dones_host[:, start:start + dones.shape[1]]
+
+    def __call__(self, features: torch.Tensor, first_rnn_state: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
+        """core_over_rollout's numbers: trajectory-major features [B * T, hidden] -> the RNN's outputs
+        [T, B, hidden]. Each trajectory's first segment starts from its saved state, every later one
+        (after a done) from zeros, as the loop's reset does; the segments run padded, time first."""
+        dones_host = self.host_copy(dones)
+        if dones_host is None:
+            return self.loop(features, first_rnn_state, dones)
+        steps, batch = dones_host.shape
+        plan = rnn_segments(dones_host)
+        index = torch.from_numpy(plan.index)
+        if features.device.type == "cuda":  # from pinned memory: a pageable copy would wait for the stream
+            index = index.pin_memory().to(features.device, non_blocking=True)
+        gather, scatter = index.split([plan.max_len * plan.num_segments, steps * batch])
+        inputs = features.index_select(0, gather).view(plan.max_len, plan.num_segments, -1)
+
+        def initial(state):  # [1, segments, hidden]: the saved states, then zeros
+            return torch.cat([state, state.new_zeros(plan.num_segments - batch, state.shape[1])]).unsqueeze(0)
+
+        if self.model.rnn_type == "gru":
+            hx = initial(first_rnn_state)
+        else:
+            hx = tuple(initial(half) for half in first_rnn_state.chunk(2, dim=1))  # [hidden, cell], as core_step
+        weights = {f"{name}_l0": getattr(self.model.core, name)
+                   for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+        outputs, _ = torch.func.functional_call(self.rnn, weights, (inputs, hx))
+        return outputs.reshape(-1, outputs.shape[-1]).index_select(0, scatter).view(steps, batch, -1)
+
+
+class SegmentPlan(typing.NamedTuple):
+    """rnn_segments' answer. `index`: the gather index [max_len * num_segments] (step i of segment s
+    at i * num_segments + s reads trajectory-major row b * T + t; padding reads row 0 and is
+    discarded), then the scatter index [T * B] (where step t of trajectory b, in [T, B] order,
+    finds its output among the padded ones)."""
+    index: np.ndarray
+    max_len: int
+    num_segments: int
+
+
+def rnn_segments(dones: np.ndarray) -> SegmentPlan:
+    """Cuts trajectories [T, B] into episode segments, on the host: one starts at t = 0 and at every
+    t whose dones[t - 1] is set. Segments 0..B-1 are the trajectories' first (in trajectory order),
+    the later ones follow."""
+    steps, batch = dones.shape
+    starts = np.ones((batch, steps), dtype=bool)
+    starts[:, 1:] = dones.T[:, :-1] > 0
+    starts = starts.ravel()  # trajectory-major rows; every trajectory's row 0 starts one
+    start_rows = np.flatnonzero(starts)
+    segment_of_row = np.cumsum(starts) - 1  # in row order
+    first = start_rows % steps == 0
+    order = np.concatenate([np.flatnonzero(first), np.flatnonzero(~first)])
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    lengths = np.diff(start_rows, append=steps * batch)[order]
+    num_segments, max_len = len(order), int(lengths.max())
+    offsets = np.arange(max_len)[:, None]
+    gather = np.where(offsets < lengths, start_rows[order] + offsets, 0)
+    rows = np.arange(steps * batch)
+    position = (rows - start_rows[segment_of_row]) * num_segments + rank[segment_of_row]
+    scatter = position.reshape(batch, steps).T
+    return SegmentPlan(np.concatenate([gather.ravel(), scatter.ravel()]).astype(np.int64), max_len, num_segments)
+
+
 class Learner:
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
         # a copy: population-based training changes this policy's learning rate and exploration coefficient
         self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
         self.model = compiled_encoder(ActorCritic(*spaces_pair, cfg).to(self.device), cfg, fixed_shapes=True)
+        # where host reads stall, the RNN runs over episode segments, planned from the batch's host copy of its dones
+        self.segments = SegmentRNN(self.model) if host_reads_stall(self.device) and cfg.rnn_type != "none" else None
         # fused: one kernel for the whole update, and it skips a non-finite step on the device (optimizer_step)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
@@ -3068,6 +3094,10 @@ class Learner:
         steps = self.cfg.num_epochs * self.cfg.num_batches_per_epoch
         if self.sgd_events is not None:
             self.sgd_events[0].record()
+        batch = dict(batch)
+        dones_host = batch.pop("done_host", None)  # BatchBuffers' host copy, where host reads stall
+        if self.segments is not None:
+            self.segments.use(batch["done"], dones_host)
         aux, skipped = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg)
         if self.sgd_events is not None:
             self.sgd_events[1].record()

@@ -449,10 +449,11 @@ def test_rnn_over_a_rollout_equals_stepping_it_with_episode_boundaries(rnn_type)
 
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
 def test_the_rnn_over_episode_segments_equals_the_loop_in_outputs_and_gradients(rnn_type):
-    """forward_rollout's two paths: one nn.GRU/nn.LSTM call over the rollout cut at episode ends,
-    planned from a host copy of the dones (the learner's on a GPU), and the loop of core_step (the
-    CPU's). Both also equal stepping forward() with the rollout worker's reset, so a reset dropped
-    from either path, or from both, fails."""
+    """The model's loop of core_step over a rollout, and the learner's SegmentRNN (its accelerator
+    on a GPU): one nn.GRU/nn.LSTM call over the rollout cut at episode ends, planned from a host copy
+    of the dones, here for columns 1-5 of a batch of 7 (a minibatch, found by its view's offset).
+    Both also equal stepping forward() with the rollout worker's reset, so a reset dropped from
+    either path, or from both, fails; dones that are not a view of the batch's take the loop."""
     torch.manual_seed(2)
     cfg = small_cfg(rnn_type=rnn_type)
     obs_space = spaces.Dict({"obs": spaces.Box(-1, 1, (5,), np.float32)})
@@ -468,12 +469,18 @@ def test_the_rnn_over_episode_segments_equals_the_loop_in_outputs_and_gradients(
     first_state = torch.randn(batch, appo.rnn_state_size(cfg))
     logit_weights, value_weights = torch.randn(steps, batch, 7), torch.randn(steps, batch)
     outputs, gradients = {}, {}
-    for path, dones_host in (("loop", None), ("segments", dones.numpy())):
+    loop_model = copy.deepcopy(model)
+    segments = appo.SegmentRNN(model)
+    batch_dones = torch.cat([torch.ones(steps, 1), dones, torch.ones(steps, 1)], dim=1)  # the batch: 7 columns
+    segments.use(batch_dones, batch_dones.numpy().copy())
+    called = []
+    segments.loop = lambda *args: called.append(1)
+    for path, its_model in (("loop", loop_model), ("segments", model)):
         state = first_state.clone().requires_grad_(True)
-        logits, values = model.forward_rollout(obs, state, dones, dones_host=dones_host)
+        logits, values = its_model.forward_rollout(obs, state, batch_dones[:, 1:6])
         objective = (logits * logit_weights).sum() + (values * value_weights).sum()
         outputs[path] = (logits.detach(), values.detach())
-        gradients[path] = torch.autograd.grad(objective, [state, *model.parameters()])
+        gradients[path] = torch.autograd.grad(objective, [state, *its_model.parameters()])
     for ours, loops in zip(outputs["segments"], outputs["loop"]):
         torch.testing.assert_close(ours, loops, rtol=1e-5, atol=1e-5)
     names = ["first_rnn_state", *(name for name, _ in model.named_parameters())]
@@ -486,6 +493,9 @@ def test_the_rnn_over_episode_segments_equals_the_loop_in_outputs_and_gradients(
             torch.testing.assert_close(outputs["segments"][0][t], step_logits, rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(outputs["segments"][1][t], step_values, rtol=1e-5, atol=1e-5)
             state = state * (1 - dones[t]).unsqueeze(1)
+    assert called == [] and set(model.state_dict()) == set(loop_model.state_dict())
+    segments.loop(None, None, None)
+    assert segments(None, None, dones.clone()) is None and called == [1, 1]  # not the batch's: the loop
 
 
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm"])

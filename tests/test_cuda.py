@@ -211,7 +211,7 @@ def test_pinned_non_blocking_batches_arrive_intact_though_the_slots_are_reused_a
         for tensor in slots.tensors.values():  # the rollout workers refill the freed slots at once
             tensor.zero_()
         synchronize()
-        done_host = batch.pop("done_host", None)  # forward_rollout's segment plan reads this host copy
+        done_host = batch.pop("done_host", None)  # SegmentRNN's plan reads this host copy
         if appo.host_reads_stall(CUDA):
             assert isinstance(done_host, np.ndarray) and np.array_equal(done_host, expected["done"].numpy())
         for name, value in batch.items():
