@@ -352,16 +352,12 @@ class RunningNormalizer(nn.Module):
         row is left out whole: it would poison the statistics for good.
 
         Integer batches (pixels) are scaled after the reduction, which saves a pass over them.
-        Under torchrun the moments are combined over every rank's batch, so all ranks keep equal statistics.
         """
         if host_reads_stall(batch.device):
             batch_mean, batch_var, n = self.weighted_moments(batch, rows)
         else:
             batch_mean, batch_var, n = self.selected_moments(batch if rows is None else batch[rows > 0])
-        batch_mean, batch_var = batch_mean * scale, batch_var * scale ** 2
-        if distributed():
-            batch_mean, batch_var, n = all_ranks_moments(batch_mean, batch_var, n)
-        self.merge(batch_mean, batch_var, n)
+        self.merge(batch_mean * scale, batch_var * scale ** 2, n)
 
     def selected_moments(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(mean, variance, count) of the rows, read on the host: 0 rows if any is not finite."""
@@ -398,7 +394,7 @@ class RunningNormalizer(nn.Module):
             statistic.copy_(torch.where(n > 0, value, statistic) if torch.is_tensor(n) else value)
 
     def forward(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
-        """Normalises `scale * x` in one fused multiply-add (the input may be a large batch of pixels)."""
+        """Normalises `scale * x` in one multiply-add, addcmul (the input may be a large batch of pixels)."""
         inverse_std = torch.rsqrt(self.var + 1e-5)
         shift, factor = (-self.mean * inverse_std).to(x.dtype), (inverse_std * scale).to(x.dtype)
         if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
@@ -876,8 +872,8 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
 def loss_stats(model: ActorCritic, aux: dict, cfg) -> dict:
     """The figures the status line and TensorBoard show of a step, from appo_loss's aux: its numbers
     (0-dim tensors or floats) as they are, so a term of your own put there reaches TensorBoard as
-    pN/NAME, and from its per-step tensors the valid share, the policy lag and PPO's health. Only
-    when a report is due (about once a second): they cost dozens of small kernels."""
+    pN/NAME, and from its per-step tensors the valid share, the policy lag and PPO's health. The
+    learner asks about once a second: they cost dozens of small kernels."""
     stats = {name: value.detach() if torch.is_tensor(value) else value for name, value in aux.items()
              if not torch.is_tensor(value) or value.dim() == 0}
     if "mask" not in aux:  # a loss of your own that keeps only its numbers
@@ -947,16 +943,11 @@ def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: t
     (the gradient's norm, 1.0 if the step was skipped else 0.0), both 0-dim tensors.
 
     Where host reads stall, fused Adam skips the step on the device (its `found_inf`, the input
-    torch's GradScaler gives it), so the step reads nothing back. Under torchrun the ranks average
-    their gradients first and skip or take the step together."""
+    torch's GradScaler gives it), so the step reads nothing back."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    if distributed():
-        average_gradients(model)
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     skipped = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()
-    if distributed():
-        torch.distributed.all_reduce(skipped, op=torch.distributed.ReduceOp.MAX)  # one rank's NaN stops all
     if optimizer.defaults.get("fused"):
         optimizer.found_inf = skipped
         optimizer.step()
@@ -964,15 +955,6 @@ def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: t
     elif not skipped.item():
         optimizer.step()
     return grad_norm.detach(), skipped
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict):
-    """optimizer.load_state_dict, keeping this optimizer's own `fused`: torch restores each
-    group's setting from the state, so a checkpoint saved on the CPU (not fused) would turn a GPU
-    learner's fused Adam into one that refuses optimizer_step's `found_inf`. Loading with the group
-    fused also moves Adam's step counts to the parameters' device, which fused Adam needs."""
-    fused = optimizer.defaults.get("fused")
-    optimizer.load_state_dict({**state, "param_groups": [{**group, "fused": fused} for group in state["param_groups"]]})
 
 
 # =============================================================================================
@@ -1815,7 +1797,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
             shared_weights.publish(model, checkpoint["policy_version"])
         weights.append(shared_weights)
     if past_policy_id(cfg) is not None:
-        weights.append(SharedWeights(model, weights_device))  # until refresh_past_opponent finds a checkpoint
+        weights.append(SharedWeights(model, weights_device))  # until the population extra publishes a past checkpoint
     return Shared(
         slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
         weights=weights,
@@ -2829,6 +2811,15 @@ def rnn_in_full_float32():
         torch.backends.cudnn.allow_tf32 = False
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict):
+    """optimizer.load_state_dict, keeping this optimizer's own `fused`: torch restores each
+    group's setting from the state, so a checkpoint saved on the CPU (not fused) would turn a GPU
+    learner's fused Adam into one that refuses optimizer_step's `found_inf`. Loading with the group
+    fused also moves Adam's step counts to the parameters' device, which fused Adam needs."""
+    fused = optimizer.defaults.get("fused")
+    optimizer.load_state_dict({**state, "param_groups": [{**group, "fused": fused} for group in state["param_groups"]]})
+
+
 class SegmentRNN:
     """The learner's accelerator for a GRU or LSTM core where host reads stall (a GPU): it replaces
     this model instance's core_over_rollout (its state_dict and every other method unchanged) with
@@ -3188,11 +3179,8 @@ class Learner:
                     continue
                 finally:  # the batcher copies while the learner waits: that part counts as copying
                     self.stage_s["wait"] += time.perf_counter() - waiting - (self.stage_s["copy"] - copied_before)
-            if distributed():  # every rank steps, or every rank stops (and the runners with them)
-                stop, frames = exchange_progress(stop, int(self.shared.run.worker_frames.sum()))
-                self.shared.run.all_ranks_frames[0] = frames
-                if stop:
-                    self.shared.run.stop[0] = 1
+            for extra in EXTRAS:  # torchrun: every rank trains this step, or every rank stops
+                stop = extra.stop_now(self, stop)
             if stop:
                 return
             self.train_and_report(batch)
@@ -3253,6 +3241,12 @@ class Extra:
     @staticmethod
     def learner_start(learner: "Learner") -> None:
         """In a learner, once its model and optimiser exist (resumed from the checkpoint, if any)."""
+
+    @staticmethod
+    def stop_now(learner: "Learner", stop: bool) -> bool:
+        """In a learner, with a batch in hand or its stop due: whether to stop instead of training
+        (`stop` is the learner's own answer)."""
+        return stop
 
     @staticmethod
     def before_sgd(learner: "Learner") -> None:
@@ -4146,6 +4140,21 @@ class Torchrun(Extra):
             init_distributed(learner.cfg)
             broadcast_training_state(learner)
             learner.shared.weights[learner.policy_id].publish(learner.model, learner.policy_version)  # rank 0's
+            average_gradients_in_backward(learner.model)
+            for normalizer in learner.model.modules():
+                if isinstance(normalizer, RunningNormalizer):
+                    merge_over_all_ranks(normalizer)
+
+    @staticmethod
+    def stop_now(learner: Learner, stop: bool) -> bool:
+        """Every rank trains this step, or every rank stops (and the runners with them)."""
+        if not distributed():
+            return stop
+        stop, frames = exchange_progress(stop, int(learner.shared.run.worker_frames.sum()))
+        learner.shared.run.all_ranks_frames[0] = frames
+        if stop:
+            learner.shared.run.stop[0] = 1
+        return stop
 
     @staticmethod
     def learner_stop(learner: Learner):
@@ -4180,15 +4189,26 @@ def broadcast_training_state(learner: "Learner"):
     learner.policy_version, learner.env_frames = state[1], state[2]
 
 
-def average_gradients(model: nn.Module):
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    flat = torch.cat([grad.reshape(-1) for grad in grads])
-    torch.distributed.all_reduce(flat)
-    flat /= torch.distributed.get_world_size()
-    offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
+def average_gradients_in_backward(model: nn.Module):
+    """Each parameter's gradient, once backward has accumulated it, becomes its mean over the ranks
+    (every rank's backward runs the same graph, so the ranks reduce the parameters in the same order).
+    optimizer_step then clips the same gradient on every rank, and a non-finite loss, which makes a
+    non-finite gradient, reaches every rank through the mean: all skip that step together."""
+    world_size = torch.distributed.get_world_size()
+
+    def average(parameter: torch.Tensor):
+        torch.distributed.all_reduce(parameter.grad)
+        parameter.grad.div_(world_size)
+
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(average)
+
+
+def merge_over_all_ranks(normalizer: "RunningNormalizer"):
+    """The normaliser merges the statistics of the union of every rank's batch (this instance's
+    merge, wrapped), so all ranks keep equal statistics."""
+    merge = normalizer.merge
+    normalizer.merge = lambda mean, var, n: merge(*all_ranks_moments(mean, var, n))
 
 
 def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: int | torch.Tensor
