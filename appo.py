@@ -174,10 +174,6 @@ MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonl
                "normalize_returns", *envs.model_flags()]  # and env families' flags that change what the model sees
 
 
-# ... and of the data: a resumed experiment must keep them.
-IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
-
-
 class Categoricals:
     """Discrete actions: one categorical per head (Discrete: one head; MultiDiscrete: one per entry;
     MultiBinary: a two-way one per bit; a Tuple or Dict of these: their heads in order). The policy
@@ -486,7 +482,8 @@ class ActorCritic(nn.Module):
     - rnn_state_size(cfg): the floats of recurrent state per env that the slots carry.
     - update_normalizers(obs): the learner, once per batch; normalize_returns, returns_normalizer
       and values_to_returns: the losses, with --normalize_returns.
-    - keep_encoder_in_compute_dtype(): policy workers only (they never train).
+    - encoders and fc: the encoder's layers, which a policy worker holds in --encoder_dtype (it
+      never trains: encoder_in_compute_dtype).
     - state_dict(): its keys, order and shapes are the layout of the published weights
       (SharedWeights) and of checkpoints; MODEL_FLAGS lists the flags that fix them.
     """
@@ -578,14 +575,6 @@ class ActorCritic(nn.Module):
             features = self.fc(torch.cat(features, dim=1))
         return features.float()
 
-    def keep_encoder_in_compute_dtype(self) -> "ActorCritic":
-        """Policy workers only (they never train): hold the encoder's weights in bfloat16 when it
-        computes in bfloat16, so autocast does not convert them again at every forward pass."""
-        if self.encoder_dtype != torch.float32:
-            self.encoders.to(self.encoder_dtype)
-            self.fc.to(self.encoder_dtype)
-        return self
-
     def update_normalizers(self, obs: dict[str, torch.Tensor], max_samples: int = 256):
         """Learner only: fold a batch [N, ...] of observations into the input statistics.
 
@@ -663,7 +652,7 @@ class ActorCritic(nn.Module):
         """The core over a rollout: trajectory-major features [B * T, hidden] -> outputs [T, B, hidden].
         The RNN state is reset after every step whose episode ended (done), exactly as the rollout
         worker does when it acts, so training sees the same states as acting did. (On a GPU the
-        learner runs the same numbers as one cuDNN call over the episode segments: SegmentRNN.)"""
+        learner runs the same numbers in one cuDNN call: SegmentRNN.)"""
         steps, batch = dones.shape
         core_inputs = self.core_inputs(features).view(batch, steps, -1).transpose(0, 1)
         rnn_state, core_outs = first_rnn_state, []
@@ -1385,6 +1374,10 @@ def experiment_dir_error(cfg) -> str | None:
     return None
 
 
+# The flags that fix the shape of the model and of the data: a resumed experiment must keep them.
+IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
+
+
 def saved_config_errors(cfg) -> list[str]:
     path = os.path.join(experiment_dir(cfg), "config.json")
     if not os.path.exists(path):
@@ -1592,6 +1585,15 @@ def beating(run: "RunState", process_index: int, every_s: float = 1.0):
     finally:
         done.set()
         thread.join()
+
+
+def encoder_in_compute_dtype(model: "ActorCritic") -> "ActorCritic":
+    """Policy workers only (they never train): the encoder's weights held in bfloat16 when it
+    computes in bfloat16, so autocast does not convert them again at every forward pass."""
+    if model.encoder_dtype != torch.float32:
+        model.encoders.to(model.encoder_dtype)
+        model.fc.to(model.encoder_dtype)
+    return model
 
 
 def compiled_encoder(model: "ActorCritic", cfg, fixed_shapes: bool) -> "ActorCritic":
@@ -2497,7 +2499,7 @@ class PolicyWorker:
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
         self.device = torch.device(cfg.device)
         self.on_gpu = self.device.type == "cuda"
-        self.model = ActorCritic(*spaces_pair, cfg).to(self.device).eval().keep_encoder_in_compute_dtype()
+        self.model = encoder_in_compute_dtype(ActorCritic(*spaces_pair, cfg).to(self.device).eval())
         compiled_encoder(self.model, cfg, fixed_shapes=False)
         self.weights, self.requests = shared.weights[policy_id], shared.request_queues[policy_id]
         self.control = shared.slots.control

@@ -543,7 +543,7 @@ def test_policy_workers_bfloat16_weights_act_exactly_as_autocast_does():
     torch.manual_seed(3)
     cfg = small_cfg(encoder_dtype="bfloat16", normalize_input=True)
     learner_model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).eval()
-    policy_model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).eval().keep_encoder_in_compute_dtype()
+    policy_model = appo.encoder_in_compute_dtype(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).eval())
     assert policy_model.fc[0].weight.dtype == torch.bfloat16
     assert appo.SharedWeights(learner_model).load_into(policy_model) == 0
     obs, rnn_state = random_obs(IMAGE_AND_VECTOR, (8,)), torch.randn(8, 32)

@@ -78,7 +78,7 @@ def learner_publishes(weights, cfg, results):
 
 def policy_worker_loads(weights, cfg, results):
     """As PolicyWorker does: its own model, in the compute dtype, loading the published weights."""
-    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).to(CUDA).eval().keep_encoder_in_compute_dtype()
+    model = appo.encoder_in_compute_dtype(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).to(CUDA).eval())
     version = weights.load_into(model)
     results.put({"version": version, "on_gpu": weights.flat.device.type == CUDA.type, "host_bytes": weights.buffer.size,
                  **forward(model, random_obs(32, seed=2), torch.full((32, appo.rnn_state_size(cfg)), 0.1, device=CUDA))})
