@@ -459,6 +459,15 @@ CONV_ENCODERS = {  # --encoder's choices and help come from here
 }
 
 
+def register_encoder(name: str, build: Callable[[int], nn.Module], activation: type[nn.Module] = nn.ReLU,
+                     about: str = "a registered encoder"):
+    """Adds an image encoder that --encoder NAME then offers: `build(channels)` returns a module that
+    ends in a flat feature vector (as impala_resnet does). Call it at import time in your launcher,
+    beside env.register_env, so that the spawned workers, which import the launcher, register it too;
+    evaluate with the same launcher (a run's last line names it)."""
+    CONV_ENCODERS[name] = ConvEncoder(build, activation, about)
+
+
 NONLINEARITIES = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
@@ -3991,9 +4000,10 @@ def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None
                          "a longer --train_for_env_steps, --exploration_loss_coeff 0.01 (sparse rewards), --gamma "
                          "0.999 (long games), --learning_rate 0.0003 (docs/environments.md, \"When a run does not "
                          "learn\")")
-    lines.append(f"watch it play: python appo.py --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
+    lines.append(f"watch it play: python {LAUNCHER} --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
                  f"--experiment {cfg.experiment} --save_video")
     return lines
+
 
 
 class Summaries:
@@ -4541,6 +4551,9 @@ def load_policy_for_eval(cfg) -> dict:
                 print(f"note: --{flag} {getattr(cfg, flag)} from the command line replaced by the checkpoint's "
                       f"{saved[flag]}", flush=True)
             setattr(cfg, flag, saved[flag])
+    if cfg.encoder not in CONV_ENCODERS:
+        raise CheckpointError(f"the checkpoint's encoder {cfg.encoder} is not registered in this process: evaluate "
+                              "with the launcher that trained it (the one that calls appo.register_encoder)")
     return checkpoint
 
 
@@ -4678,7 +4691,15 @@ EXTRAS.append(Evaluation)
 # main
 # =============================================================================================
 
+LAUNCHER = "appo.py"  # the script whose command line a run's last line gives for evaluation
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line: appo.py's own, or a forker's launcher's, which registers its envs or
+    encoders and then calls this from its own __main__ (evaluation needs them too)."""
+    global LAUNCHER
+    if sys._getframe(1).f_globals.get("__name__") == "__main__" and os.path.basename(sys.argv[0]) != "appo.py":
+        LAUNCHER = sys.argv[0]
     cfg = parse_args(argv)
     errors = flag_errors(cfg)
     if errors:

@@ -304,7 +304,8 @@ def _missing_packages(env_name: str, modules_and_packages) -> tuple[type[Excepti
 def _unknown_env_line(name: str) -> str:
     known = [known for family in FAMILIES if not family.registered for known in family.known]
     known += sorted(family.known[0] for family in FAMILIES if family.registered)
-    return f"unknown env {name!r} (--env): known envs are {', '.join(known)}"
+    return (f"unknown env {name!r} (--env): known envs are {', '.join(known)}; an env added with register_env "
+            "exists in the launcher that registers it: run that launcher")
 
 
 # ------------------------------------------------------------------------------------------------

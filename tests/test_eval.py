@@ -137,3 +137,31 @@ def test_eval_errors_name_the_fix(tmp_path):
     other_env = run_eval(tmp_path, "--env", "atari_breakout", "--checkpoint", path)
     assert other_env.returncode == 2 and "trained on doom_basic" in other_env.stderr
     assert "use --env doom_basic" in other_env.stderr
+
+
+@pytest.mark.slow
+def test_an_encoder_registered_in_a_launcher_trains_and_that_launcher_is_the_eval_command(tmp_path):
+    """appo.register_encoder from a forker's launcher (tests/encoder_launcher.py): its spawned
+    workers register it too, the run's last line gives that launcher's eval command, the command
+    plays, and appo.py itself, which lacks the encoder, says so in one line instead of a KeyError."""
+    launcher = os.path.join(REPO, "tests", "encoder_launcher.py")
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    tag = uuid.uuid4().hex
+    train = subprocess.run([sys.executable, launcher, "--env", "doom_basic", "--encoder", "one_layer",
+                            "--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64",
+                            "--hidden_size", "32", "--train_for_env_steps", "1000", "--train_dir", str(tmp_path),
+                            "--experiment", "mine", "--seed", "1"],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env=dict(environment, APPO_TEST_TAG=tag))
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert processes_still_tagged(tag) == []
+    (command,) = re.findall(r"^watch it play: python (.*)$", train.stdout, re.MULTILINE)
+    assert command.startswith(f"{launcher} --mode eval --env doom_basic ")
+    play = subprocess.run([sys.executable, *command.replace(" --save_video", "").split(), "--max_num_episodes", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environment)
+    assert play.returncode == 0 and "over 1 games" in play.stdout, play.stdout[-3000:] + play.stderr[-3000:]
+    lacking = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), *command.split()[1:],
+                              "--max_num_episodes", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             env=environment)
+    assert lacking.returncode == 2 and "Traceback" not in lacking.stderr
+    assert "the checkpoint's encoder one_layer is not registered in this process" in lacking.stderr.splitlines()[0]
