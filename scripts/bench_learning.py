@@ -4,7 +4,8 @@
     python scripts/bench_learning.py --sf_python .venv-sf/bin/python
     python scripts/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
     python scripts/bench_learning.py --report_only          # the table and plots from saved results
-    python scripts/bench_learning.py --headline             # the README's table, from three folders of runs
+    python scripts/bench_learning.py --headline             # the README's table, from four folders of runs
+    python scripts/bench_learning.py --contention           # every saved run that shared the machine
 
 For every env it trains both trainers, one run at a time, with the same system configuration
 (SYSTEM: workers, envs per worker, splits, rollout; each env's own frameskip) and each trainer
@@ -707,6 +708,80 @@ def headline_table() -> str:
     return "\n".join(lines)
 
 
+# The rule's table in docs/results/learning.md ("Reruns and contention: one rule"): every saved run
+# during which more than CONTENDED_SHARE of the machine's CPU went elsewhere, from the files. The
+# folders whose runs make a table of the README or learning.md, named as the docs name them, in
+# learning.md's order; a folder of runs set aside (superseded_*, replaced) is counted in no table;
+# any other folder is named by its path (its table, if any, is in ablations.md).
+BENCH_DIR = os.path.join(REPO, "docs", "bench")
+TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
+                 "ablations/sf_doom_batch_512": "the batch-512 table, the README",
+                 "ablations/sf_doom_batch_512_area_resize": "the README",
+                 "heldout": "the held-out tables, the README",
+                 "gym": "the gym: table",
+                 "pettingzoo": "the pz: table"}
+CONTENTION_HEADER = ["| env | trainer | configuration | seeds | CPU elsewhere | kept in |",
+                     "|---|---|---|---|---|---|"]
+
+
+def saved_learning_runs(root: str = BENCH_DIR) -> list[tuple[str, dict]]:
+    """Every saved learning run under `root`, (folder it is kept in, relative to root; the run):
+    each result file that records `other_cpu_share`, in any folder, set-aside ones included."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.json"), recursive=True)):
+        run = load_result(path)
+        if not (isinstance(run, dict) and "other_cpu_share" in run and "config" in run):
+            continue
+        folder = os.path.dirname(path)
+        if os.path.basename(folder) == run["config"]["env"]:  # FOLDER/ENV/trainer_seedN.json
+            folder = os.path.dirname(folder)
+        runs.append((os.path.relpath(folder, root), run))
+    return runs
+
+
+def kept_in(folder: str) -> str:
+    if folder in TABLE_FOLDERS:
+        return f"`{folder}/`: {TABLE_FOLDERS[folder]}"
+    if os.path.basename(folder).startswith(("superseded_", "replaced")):
+        return f"`{folder}/`: set aside, counted in no table"
+    return f"`{folder}/`"
+
+
+def run_configuration(run: dict) -> str:
+    """What a run was, beyond env, trainer and seed: appo.py's flags beyond its family's defaults
+    and its code; Sample Factory's named configuration (its published one by default)."""
+    config = run["config"]
+    if config["trainer"] == "appo":
+        return f"{' '.join(config.get('extra_flags', [])) or 'defaults'}, code {config.get('code', '-')[:8]}"
+    return config.get("sf_config", "published")
+
+
+def contention_table(root: str = BENCH_DIR) -> str:
+    """learning.md's table of the runs that shared the machine (over CONTENDED_SHARE of the CPU
+    elsewhere), one row per folder, env, trainer and configuration, then the highest share among
+    all the other saved runs."""
+    runs = saved_learning_runs(root)
+    order = list(TABLE_FOLDERS)
+    rows = {}
+    for folder, run in runs:
+        if run["other_cpu_share"] > CONTENDED_SHARE:
+            config = run["config"]
+            key = (order.index(folder) if folder in order else len(order), folder, config["env"],
+                   config["trainer"], run_configuration(run))
+            rows.setdefault(key, []).append((config["seed"], run["other_cpu_share"]))
+    lines = list(CONTENTION_HEADER)
+    for (_, folder, env_name, trainer, configuration), seeds in sorted(rows.items()):
+        seeds.sort()
+        lines.append(f"| {env_name} | {'appo.py' if trainer == 'appo' else 'Sample Factory'} | {configuration} | "
+                     f"{', '.join(str(seed) for seed, _ in seeds)} | "
+                     f"{', '.join(f'{share:.1%}' for _, share in seeds)} | {kept_in(folder)} |")
+    others = [run["other_cpu_share"] for _, run in runs if run["other_cpu_share"] <= CONTENDED_SHARE]
+    shared = len(runs) - len(others)
+    lines += ["", f"{shared} of the {len(runs)} saved runs under docs/bench/ shared the machine; every other run "
+                  f"had at most {max(others, default=0.0):.1%} of the CPU elsewhere."]
+    return "\n".join(lines)
+
+
 def band(curves: list[list], axis: int, grid: np.ndarray, hold_last: bool = False
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Median, min and max over runs of the score interpolated on `grid` (nan outside each run).
@@ -788,6 +863,9 @@ def parse_args(argv=None):
     parser.add_argument("--json", action="store_true", help="print the table's figures as JSON")
     parser.add_argument("--headline", action="store_true",
                         help="run nothing: print the README's table of every env from the saved runs")
+    parser.add_argument("--contention", action="store_true",
+                        help="run nothing: print docs/results/learning.md's table of every saved run under "
+                             "docs/bench/ that shared the machine (over 5%% of the CPU elsewhere)")
     args = parser.parse_args(argv)
     args.envs = [name for name in args.envs.split(",") if name]
     args.trainers = [name for name in args.trainers.split(",") if name]
@@ -824,6 +902,9 @@ def seeds_for(args, trainer: str, env_name: str) -> list[int]:
 def main(argv=None):
     if "--headline" in (sys.argv[1:] if argv is None else argv):
         print(headline_table())
+        return
+    if "--contention" in (sys.argv[1:] if argv is None else argv):
+        print(contention_table())
         return
     args = parse_args(argv)
     # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the running trainer is stopped and cleaned up

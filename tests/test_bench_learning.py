@@ -332,3 +332,71 @@ def test_the_tables_count_the_first_run_of_each_seed_and_a_rerun_stays_aside():
                                                  f"{trainer}_seed{seed}.json"))
         assert counted["key"] == rerun["key"], path
         assert counted["started_at"] < rerun["started_at"], f"{path}: the table counts the later run"
+
+
+def test_learning_mds_table_of_runs_that_shared_the_machine_is_what_the_saved_runs_say():
+    """docs/results/learning.md's rule section: its table of the runs that shared the machine and its
+    "every other run" sentence are `bench_learning.py --contention`, from every run file under
+    docs/bench/ (a run added, or a share typed by hand, shows here)."""
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        learning = f.read()
+    table = bench.contention_table()
+    assert table.startswith(bench.CONTENTION_HEADER[0]) and "every other run had at most" in table
+    assert table in learning, table
+
+
+def test_the_contention_table_lists_each_shared_run_where_it_is_kept_and_the_highest_share_of_the_rest(tmp_path):
+    def save(path, trainer, env_name, seed, share, **config):
+        result = run(trainer, seed, [[60.0, 1000.0, 1.0]], 60.0, share=share)
+        result["config"].update(env=env_name, extra_flags=[], **config)
+        bench.save_json(str(tmp_path / path), result)
+
+    save("learning/doom_x/appo_seed1.json", "appo", "doom_x", 1, 0.051)
+    save("learning/doom_x/appo_seed2.json", "appo", "doom_x", 2, 0.05)  # 5% is not over 5%
+    save("learning/doom_x/appo_seed3.json", "appo", "doom_x", 3, 0.30)
+    save("learning/doom_x/sf_seed1.json", "sf", "doom_x", 1, 0.01)
+    save("gym/superseded_1/gym:Y-v0/appo_seed1.json", "appo", "gym:Y-v0", 1, 0.2)
+    save("heldout/replaced/doom_z_appo_seed1_rerun.json", "appo", "doom_z", 1, 0.07)  # kept flat, no env folder
+    save("ablations/mine/doom_x/sf_doom_batch_512_seed2.json", "sf", "doom_x", 2, 0.09, sf_config="doom_batch_512")
+    (tmp_path / "learning" / "doom_x" / "task_match.json").write_text(json.dumps({"task": "same"}))  # no run
+    lines = bench.contention_table(str(tmp_path)).splitlines()
+    assert lines[:2] == bench.CONTENTION_HEADER
+    assert lines[2:6] == [  # the folders that make a table first, then the others by path
+        "| doom_x | appo.py | defaults, code c0de | 1, 3 | 5.1%, 30.0% | `learning/`: the Doom suite and Atari "
+        "tables, the README |",
+        "| doom_x | Sample Factory | doom_batch_512 | 2 | 9.0% | `ablations/mine/` |",
+        "| gym:Y-v0 | appo.py | defaults, code c0de | 1 | 20.0% | `gym/superseded_1/`: set aside, counted in no table |",
+        "| doom_z | appo.py | defaults, code c0de | 1 | 7.0% | `heldout/replaced/`: set aside, counted in no table |"]
+    assert lines[6:] == ["", "5 of the 7 saved runs under docs/bench/ shared the machine; every other run had at "
+                             "most 5.0% of the CPU elsewhere."]
+
+
+# Rows off their table's code after a refresh, each named in learning.md's rule section: none but this
+# one may appear, and when a re-run brings it to the others' code this test fails until both go.
+ROWS_OFF_A_REFRESHED_TABLES_CODE = {("gym", "gym:HalfCheetah-v5")}
+
+
+def test_a_table_refreshed_at_new_code_or_budget_holds_every_row_at_that_code_but_the_one_named():
+    """docs/results/learning.md's rule: a row refreshed at new code or a new budget refreshes every
+    row of its table at that code, or none. A refresh sets the earlier runs aside in a superseded_*
+    folder beside the table's: every appo.py row of that folder must stand at the code of the rows
+    refreshed."""
+    import glob
+    root = os.path.join(REPO, "docs", "bench")
+    off, refreshed_tables = set(), 0
+    for superseded in glob.glob(os.path.join(root, "**", "superseded_*"), recursive=True):
+        folder = os.path.dirname(superseded)
+        codes = {}
+        for path in glob.glob(os.path.join(folder, "*", "appo_seed*.json")):
+            saved = bench.load_result(path)
+            codes.setdefault(saved["config"]["env"], set()).add(saved["config"]["code"])
+        refreshed = {name for name in os.listdir(superseded) if os.path.isdir(os.path.join(superseded, name))}
+        assert refreshed and refreshed <= set(codes), superseded
+        refresh_codes = set().union(*(codes[name] for name in refreshed))
+        assert len(refresh_codes) == 1, f"{folder}: rows refreshed at several codes {refresh_codes}"
+        off |= {(os.path.relpath(folder, root), name) for name, found in codes.items() if found != refresh_codes}
+        refreshed_tables += 1
+    assert refreshed_tables
+    assert off == ROWS_OFF_A_REFRESHED_TABLES_CODE, (
+        "rows off their table's code after a refresh; docs/results/learning.md's rule section names them: "
+        f"{sorted(off)}")
