@@ -140,14 +140,32 @@ def commit_of(tree: str) -> str:
     return head.stdout.strip() + ("+changes" if dirty else "")
 
 
+def record_of(tree: str, appo, device: str) -> dict:
+    """What a run's figures need beside them: the tree and its commit, the device and its clock, the
+    CPU (bench_learning's machine(): its model, cores and native bfloat16), torch's version, and the
+    precision the policy worker's encoder computes in (the tree's --encoder_dtype, `auto` resolved
+    on this device as a policy worker resolves it)."""
+    import torch
+
+    path = list(sys.path)
+    try:
+        import bench_learning  # beside this file; it puts this repository first on sys.path, undone below
+    finally:
+        sys.path[:] = path  # so that a --tree's own modules keep coming from that tree
+    cfg = appo.parse_args(["--env", "doom_basic", "--device", device])
+    return {"tree": os.path.abspath(tree), "commit": commit_of(tree), "appo": appo.__file__, "device": device,
+            "clock": clock_of(device)[1], "machine": bench_learning.machine(), "torch": torch.__version__,
+            "precision": f"{cfg.encoder_dtype} encoder"}
+
+
 def run_tree(tree: str, batches: list[int], seconds: float, device: str) -> dict:
     appo = load_appo(tree)
+    record = record_of(tree, appo, device)  # first: a tree it cannot read fails before the timing, not after
     results = []
     with tempfile.TemporaryDirectory() as train_dir:
         for batch in batches:
             results.append(measure(appo, batch, seconds, device, train_dir))
-    return {"tree": os.path.abspath(tree), "commit": commit_of(tree), "appo": appo.__file__, "device": device,
-            "clock": clock_of(device)[1], "results": results}
+    return {**record, "results": results}
 
 
 def table(runs_by_tree: dict[str, list[dict]]) -> str:

@@ -788,15 +788,20 @@ def provenance(args) -> dict:
             "cpu_bfloat16_flags": sorted(appo.cpu_flags() & {"avx512_bf16", "amx_bf16"})}
 
 
+def load_result_file(path: str) -> dict:
+    """A result file as --out writes it ({"provenance", "results"}), also from one that holds what
+    --json printed: its figures, each with its provenance since --json gives one (earlier: none)."""
+    with open(path) as f:
+        saved = json.load(f)
+    if "results" not in saved:
+        results = saved if isinstance(saved, list) else [saved]
+        saved = {"provenance": results[0].get("provenance", {}), "results": results}
+    return saved
+
+
 def comparison_table(paths: list[str]) -> str:
     """Several result files, a row each: what a configuration or code change did to each leg."""
-    files = []
-    for path in paths:
-        with open(path) as f:
-            saved = json.load(f)
-        if "provenance" not in saved:  # what --json printed (files saved before --out): figures only
-            saved = {"provenance": {}, "results": saved if isinstance(saved, list) else [saved]}
-        files.append((path, saved))
+    files = [(path, load_result_file(path)) for path in paths]
     found = [leg for _, saved in files for result in saved["results"] for leg in result["runs"]]
     # this bench's legs in its order, then those of older files (the ceiling leg, say)
     legs = list(dict.fromkeys([leg for leg in LEGS if leg in found] + found))
@@ -817,7 +822,10 @@ def comparison_table(paths: list[str]) -> str:
 
 
 def json_output(args, results: list[dict]) -> dict | list[dict]:
-    """What --json prints: one configuration's figures, or a list of them for a sweep of several."""
+    """What --json (and --partial) prints: one configuration's figures, or a list of them for a sweep
+    of several, each with its provenance (commit, CPU, torch; each result holds its legs' precision),
+    as a result file from --out has it: a file kept from --json's output says where it came from."""
+    results = [{**result, "provenance": provenance(args)} for result in results]
     return results[0] if len(args.envs_per_worker) == 1 else results
 
 
@@ -834,8 +842,7 @@ def main():
         if len(paths) > 1:
             print(comparison_table(paths))
             return
-        with open(paths[0]) as f:
-            saved = json.load(f)
+        saved = load_result_file(paths[0])
         print("\n".join(f"# {key}: {value}" for key, value in saved["provenance"].items()))
         print(format_table(saved["results"]))
         return
