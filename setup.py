@@ -1,9 +1,10 @@
-"""Builds the appo_ipc extension from csrc/ with pybind11's own helpers (no CMake, no torch)."""
+"""Installs appo.py, env.py and the appo_ipc package: csrc/, its Python face (csrc/__init__.py) and the
+C++ module it wraps (appo_ipc._native), built with pybind11's own helpers (no CMake, no torch)."""
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
 
 ipc_extension = Pybind11Extension(
-    "appo_ipc",
+    "appo_ipc._native",
     sources=["csrc/ipc.cpp", "csrc/module.cpp"],
     depends=["csrc/ipc.h"],
     cxx_std=17,
@@ -15,6 +16,10 @@ setup(
     version="0.1.0",
     description="Asynchronous PPO with V-trace (the Sample Factory architecture) in one readable file",
     py_modules=["appo", "env"],
+    # csrc/ is the package appo_ipc: installed under that name, and reached in a checkout built in place
+    # (python setup.py build_ext --inplace, then python appo.py from the root) through the symlink appo_ipc -> csrc
+    packages=["appo_ipc"],
+    package_dir={"appo_ipc": "csrc"},
     ext_modules=[ipc_extension],
     cmdclass={"build_ext": build_ext},
     python_requires=">=3.10",

@@ -301,7 +301,7 @@ struct SlotControl : Shared {
 
 }  // namespace
 
-PYBIND11_MODULE(appo_ipc, m) {
+PYBIND11_MODULE(_native, m) {
     m.doc() = "Shared-memory IPC for the APPO trainer: a message queue, shared buffers and "
               "trajectory-slot control, all in memfd segments that vanish with their last user.";
     py::module_ queue_module = py::module_::import("queue");

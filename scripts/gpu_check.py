@@ -289,8 +289,9 @@ def prepare(args):
         subprocess.run([python, "-m", "pip", "wheel", "--no-deps", "-w", build_dir, REPO], check=True)
         (wheel,) = glob.glob(os.path.join(build_dir, "appo-*.whl"))
         with zipfile.ZipFile(wheel) as archive:
-            (module,) = [name for name in archive.namelist() if name.startswith("appo_ipc")]
-            with open(os.path.join(args.wheels, module), "wb") as f:
+            (module,) = [name for name in archive.namelist() if name.startswith("appo_ipc/_native")]
+            # stored flat, by its module's dotted name: appo_ipc._native.cpython-312-x86_64-linux-gnu.so
+            with open(os.path.join(args.wheels, module.replace("/", ".")), "wb") as f:
                 f.write(archive.read(module))
     print(folder_listing(args.wheels))
     download_sample_factory_wheels(args.sf_wheels, python)
@@ -613,11 +614,11 @@ def step_build(check: Check):
     code, output = check.command([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], timeout=300)
     how = "built here"
     if code != 0:
-        prebuilt = os.path.join(check.wheels, "appo_ipc" + suffix)
+        prebuilt = os.path.join(check.wheels, "appo_ipc._native" + suffix)
         if not os.path.exists(prebuilt):
             return "failed", {"reason": f"the build failed and {prebuilt} is missing: " +
                                         output.strip().splitlines()[-1]}
-        shutil.copy(prebuilt, os.path.join(REPO, "appo_ipc" + suffix))
+        shutil.copy(prebuilt, os.path.join(REPO, "csrc", "_native" + suffix))  # where the in-place build puts it
         how = f"the build failed ({output.strip().splitlines()[-1][:200]}); took {prebuilt}"
     code, output = check.command([sys.executable, "-c", "import appo_ipc; print(appo_ipc.__file__)"], timeout=60)
     if code != 0:

@@ -53,8 +53,12 @@ def main() -> int:
     old = tempfile.mkdtemp(prefix="same_sgd_work_")
     subprocess.run(["git", "worktree", "add", "--detach", old, args.commit], cwd=REPO, check=True, capture_output=True)
     try:
-        for module in glob.glob(os.path.join(REPO, "appo_ipc*.so")):  # parsing flags needs no C++ change
-            subprocess.run(["cp", module, old], check=True)
+        modules = glob.glob(os.path.join(REPO, "csrc", "_native*.so"))  # appo_ipc's C++ module, built in place
+        if modules and os.path.exists(os.path.join(old, "csrc", "__init__.py")):  # parsing flags needs no C++ change
+            subprocess.run(["cp", modules[0], os.path.join(old, "csrc")], check=True)
+        else:  # a commit from before csrc/ became the appo_ipc package: its module has another name
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=old, check=True,
+                           capture_output=True)
         before, after = resolve(old, configs), resolve(REPO, configs)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", old], cwd=REPO, capture_output=True)

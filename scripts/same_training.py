@@ -73,9 +73,9 @@ def main() -> int:
     subprocess.run(["git", "worktree", "add", "--detach", old, args.commit], cwd=REPO, check=True, capture_output=True)
     try:
         same_csrc = subprocess.run(["git", "diff", "--quiet", args.commit, "--", "csrc"], cwd=REPO).returncode == 0
-        modules = glob.glob(os.path.join(REPO, "appo_ipc*.so"))
+        modules = glob.glob(os.path.join(REPO, "csrc", "_native*.so"))  # appo_ipc's C++ module, built in place
         if same_csrc and modules:
-            shutil.copy(modules[0], old)
+            shutil.copy(modules[0], os.path.join(old, "csrc"))
         else:
             subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=old, check=True)
         different = 0

@@ -84,12 +84,12 @@ def test_the_pack_carries_both_wheel_folders_with_their_wheels_uncompressed_insi
         with zipfile.ZipFile(folder / f"{name}_pkg-1.0-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as wheel:
             wheel.writestr("pkg/__init__.py", "x = 1\n" * 1000)
             wheel.writestr("pkg-1.0.dist-info/RECORD", "")
-    (folders["whl"] / "appo_ipc.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF module")
+    (folders["whl"] / "appo_ipc._native.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF module")
     pack = tmp_path / "pack" / "wheels.tar.xz"
     gpu_check.pack({name: str(folder) for name, folder in folders.items()}, str(pack))
     unpacked = gpu_check.unpack(str(pack), str(tmp_path / "unpacked"))
     assert set(unpacked) == {"whl", "whl-sf"}
-    assert sorted(os.listdir(unpacked["whl"])) == ["appo_ipc.cpython-312-x86_64-linux-gnu.so",
+    assert sorted(os.listdir(unpacked["whl"])) == ["appo_ipc._native.cpython-312-x86_64-linux-gnu.so",
                                                    "whl_pkg-1.0-py3-none-any.whl"]
     with zipfile.ZipFile(os.path.join(unpacked["whl-sf"], "whl-sf_pkg-1.0-py3-none-any.whl")) as wheel:
         assert wheel.read("pkg/__init__.py") == b"x = 1\n" * 1000
