@@ -30,9 +30,7 @@ and the trainer runs without it (tests/test_extras.py does that for each).
 from __future__ import annotations
 
 import argparse
-import array
 import contextlib
-import copy
 import ctypes
 import dataclasses
 import glob
@@ -63,6 +61,9 @@ from gymnasium import spaces
 
 import appo_ipc
 import env as envs
+# the shared-memory wrappers, from csrc/'s Python face; named here, they are appo.X too (tests and scripts use them)
+from appo_ipc import (ActionRequests, ActionStaging, BatchBuffers, InProcessQueue, RolloutSlots, SharedCounters,
+                      SharedWeights, cuda_ipc_files, drain, remove_files)
 
 
 # =============================================================================================
@@ -1452,132 +1453,6 @@ def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[
     return specs
 
 
-class RolloutSlots:
-    """num_slots trajectories of T+1 steps in one shared buffer, viewed per field as numpy arrays
-    [num_slots, T+1, *shape] and torch tensors over the same memory, plus the slots' free list
-    and the per-(worker, split) action counters (appo_ipc.SlotControl)."""
-
-    def __init__(self, specs, num_slots: int, rollout: int, num_workers: int, num_splits: int):
-        self.specs, self.num_slots, self.rollout = specs, num_slots, rollout
-        self.buffer = appo_ipc.SharedBuffer(self._layout()[1])
-        self.control = appo_ipc.SlotControl(num_slots, num_workers, num_splits)
-        self._make_views()
-
-    def _layout(self):
-        offsets, total = {}, 0
-        for name, (shape, dtype) in self.specs.items():
-            offsets[name] = total
-            nbytes = self.num_slots * (self.rollout + 1) * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            total += (nbytes + 63) // 64 * 64  # cache-line aligned fields
-        return offsets, total
-
-    def _make_views(self):
-        raw = np.frombuffer(self.buffer, dtype=np.uint8)
-        offsets, _ = self._layout()
-        self.arrays, self.tensors = {}, {}
-        for name, (shape, dtype) in self.specs.items():
-            full_shape = (self.num_slots, self.rollout + 1, *shape)
-            nbytes = int(np.prod(full_shape, dtype=np.int64)) * dtype.itemsize
-            self.arrays[name] = raw[offsets[name]:offsets[name] + nbytes].view(dtype).reshape(full_shape)
-            self.tensors[name] = torch.from_numpy(self.arrays[name])
-
-    def gather(self, slot_indices: list[int]) -> dict[str, torch.Tensor]:
-        """Copies whole trajectories out: name -> [T+1, len(slot_indices), ...], time first, as
-        views of trajectory-major copies (see trajectory_major)."""
-        index = torch.as_tensor(slot_indices, dtype=torch.long)
-        return {name: tensor.index_select(0, index).transpose(0, 1) for name, tensor in self.tensors.items()}
-
-    def __getstate__(self):
-        return {"specs": self.specs, "num_slots": self.num_slots, "rollout": self.rollout,
-                "buffer": self.buffer, "control": self.control}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._make_views()
-
-
-class SharedWeights:
-    """The latest weights of one policy, guarded by a version counter.
-
-    The learner writes them after every SGD step; policy workers copy them when the version
-    moved. A seqlock (odd sequence = write in progress) lets readers never block the learner.
-    On CPU the weights live in a shared host buffer. Given a `device` (--device cuda) they live
-    in that device's memory, allocated by the runner and handed to every process through torch's
-    CUDA IPC (its pickling of CUDA tensors), so the learner and the policy workers copy them
-    device to device and never through the host.
-    """
-
-    def __init__(self, model: nn.Module, device: torch.device | None = None):
-        self.num_params = sum(p.numel() for p in model.state_dict().values())
-        self.buffer = appo_ipc.SharedBuffer(8 * 2 + (4 * self.num_params if device is None else 0))
-        self.device_flat = None if device is None else torch.zeros(self.num_params, device=device)
-        self._make_views()
-        self.publish(model, version=0)
-
-    def _make_views(self):
-        raw = np.frombuffer(self.buffer, dtype=np.uint8)
-        self.sequence = raw[:8].view(np.int64)          # seqlock counter
-        self.version_array = raw[8:16].view(np.int64)   # policy version of the weights
-        self.flat = torch.from_numpy(raw[16:].view(np.float32)) if self.device_flat is None else self.device_flat
-
-    @property
-    def version(self) -> int:
-        return int(self.version_array[0])
-
-    def publish(self, model: nn.Module, version: int):
-        self.sequence[0] += 1
-        offset = 0
-        for tensor in model.state_dict().values():
-            n = tensor.numel()
-            self.flat[offset:offset + n].copy_(tensor.detach().reshape(-1))
-            offset += n
-        wait_for_copies(self.flat)  # GPU copies run asynchronously: done before readers see the version
-        self.version_array[0] = version
-        self.sequence[0] += 1
-
-    def load_into(self, model: nn.Module) -> int | None:
-        """Copies the weights into `model`; returns their version, or None if a write got in the way."""
-        before = int(self.sequence[0])
-        if before % 2:
-            return None
-        version, offset = self.version, 0
-        with torch.no_grad():
-            for tensor in model.state_dict().values():
-                n = tensor.numel()
-                tensor.copy_(self.flat[offset:offset + n].view_as(tensor))
-                offset += n
-        wait_for_copies(self.flat)  # a write that began during an unfinished copy must be noticed below
-        return version if int(self.sequence[0]) == before else None
-
-    def release(self):
-        """Before a process that received GPU weights exits: drop its handle on the runner's memory,
-        so that PyTorch's count of the runner's shared tensors reaches zero (else the runner warns
-        at exit: 'Producer process has been terminated before all shared CUDA tensors released')."""
-        if self.device_flat is not None:
-            self.device_flat = self.flat = None
-
-    def __getstate__(self):
-        return {"num_params": self.num_params, "buffer": self.buffer, "device_flat": self.device_flat}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._make_views()
-
-
-def wait_for_copies(tensor: torch.Tensor):
-    """Waits, asleep, for the work queued so far on `tensor`'s device (its current stream)."""
-    if tensor.is_cuda:
-        done = sleeping_event()
-        done.record(torch.cuda.current_stream(tensor.device))
-        done.synchronize()
-
-
-def sleeping_event() -> "torch.cuda.Event":
-    """A CUDA event whose synchronize() sleeps: the default one spins a core until the GPU is done,
-    and on a GPU machine the cores run the envs."""
-    return torch.cuda.Event(blocking=True)
-
-
 @contextlib.contextmanager
 def beating(run: "RunState", process_index: int, every_s: float = 1.0):
     """This process's heartbeat from a thread while the block runs (a long step that cannot beat)."""
@@ -1623,60 +1498,21 @@ def use_device(device: torch.device | str):
         torch.cuda.set_device(device)
 
 
-def cuda_ipc_files(pids, reference_counters: bool = True) -> list[str]:
-    """The /dev/shm files that handing CUDA tensors to other processes (SharedWeights on a GPU)
-    leaves behind: the CUDA driver's `cuda.shm.<n>.<pid in hex>.<n>`, which it never removes, and
-    PyTorch's reference counters `torch_<pid>_<n>_<n>`, which stay when their process dies before
-    the processes it shared with. Remove them only for processes that are gone, or, without the
-    counters (PyTorch removes those at exit), for the calling process once those it shared with
-    are gone."""
-    hex_pids, dec_pids = {f"{pid:x}" for pid in pids}, {str(pid) for pid in pids}
-    found = []
-    for name in os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []:
-        parts = name.split(".")
-        if (name.startswith("cuda.shm.") and len(parts) == 5 and parts[3] in hex_pids) or \
-                (reference_counters and name.startswith("torch_") and name.split("_")[1] in dec_pids):
-            found.append(os.path.join("/dev/shm", name))
-    return found
-
-
-def remove_files(paths: list[str]):
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-class RunState:
+class RunState(SharedCounters):
     """Small shared counters every process reads or writes without messages."""
 
     def __init__(self, num_workers: int, num_policies: int, num_processes: int):
-        self.sizes = {"stop": 1, "worker_frames": num_workers, "heartbeat": num_processes,
-                      "learner_frames": num_policies, "learner_version": num_policies,
-                      "resend_epoch": 1,  # bumped after a policy worker restart: re-send requests
-                      "pids": num_processes,  # for the clean-up by rollout workers if the runner is killed
-                      "all_ranks_frames": 1}  # under torchrun: frames collected by every rank
-        self.buffer = appo_ipc.SharedBuffer(8 * sum(self.sizes.values()))
-        self._make_views()
-
-    def _make_views(self):
-        flat = np.frombuffer(self.buffer, dtype=np.int64)
-        offset = 0
-        for name, size in self.sizes.items():
-            setattr(self, name, flat[offset:offset + size])
-            offset += size
+        super().__init__({"stop": 1, "worker_frames": num_workers, "heartbeat": num_processes,
+                          "learner_frames": num_policies, "learner_version": num_policies,
+                          "resend_epoch": 1,  # bumped after a policy worker restart: re-send requests
+                          "pids": num_processes,  # for the clean-up by rollout workers if the runner is killed
+                          "all_ranks_frames": 1})  # under torchrun: frames collected by every rank
 
     def should_stop(self) -> bool:
         return bool(self.stop[0])
 
     def beat(self, process_index: int):
         self.heartbeat[process_index] = time.monotonic_ns()
-
-    def __getstate__(self):
-        return {"sizes": self.sizes, "buffer": self.buffer}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._make_views()
 
 
 class PolicyHyperparams:
@@ -1743,28 +1579,6 @@ class Shared:
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
     resumed_frames: int = 0                # env frames its checkpoints had trained, in a resumed run
-
-
-class InProcessQueue:
-    """--serial_mode's queue: appo_ipc.Queue's calls on a deque, for producers and consumers that
-    all live in this process and take turns (so nothing ever waits)."""
-
-    def __init__(self):
-        self.messages: deque = deque()
-
-    def put(self, message, block: bool = True, timeout: float | None = None):
-        self.messages.append(message)
-
-    def put_many(self, messages, block: bool = True, timeout: float | None = None):
-        self.messages.extend(messages)
-
-    def get_many(self, max_messages: int = 1 << 30, block: bool = True, timeout: float | None = None) -> list:
-        if not self.messages:
-            raise queue.Empty
-        return [self.messages.popleft() for _ in range(min(max_messages, len(self.messages)))]
-
-    def close(self):
-        self.messages.clear()
 
 
 def past_policy_id(cfg) -> int | None:
@@ -2457,42 +2271,6 @@ def leave_nothing_behind(runner: int, run: RunState):
 # PLUMBING: policy worker: batched inference for one policy; stateless (RNN states live in the slots)
 # =============================================================================================
 
-class ActionRequests:
-    """A batch of action_request messages: per message its (worker, split, generation) and how many
-    of its actors are in the batch; per actor its worker, split, generation and slot, and its row
-    in the slot fields viewed as rows [num_slots * (T+1), ...]. Python lists, not arrays: a batch is
-    tens of actors, and each numpy call costs more than a list comprehension over them."""
-
-    def __init__(self, messages: list[tuple[int, ...]], steps_per_slot: int):
-        self.heads = [message[:3] for message in messages]
-        self.counts = [(len(message) - 3) // 2 for message in messages]
-        self.workers, self.splits, self.generations = (
-            [head[i] for head, count in zip(self.heads, self.counts) for _ in range(count)] for i in range(3))
-        self.slots = [slot for message in messages for slot in message[3::2]]
-        rows = array.array("q", [slot * steps_per_slot + step for message in messages
-                                 for slot, step in zip(message[3::2], message[4::2])])
-        # frombuffer: cheaper than torch.tensor(list); it refuses an empty buffer
-        self.rows = torch.frombuffer(rows, dtype=torch.long) if rows else torch.empty(0, dtype=torch.long)
-
-    def __len__(self) -> int:
-        return len(self.slots)
-
-    def without(self, stale: list[int]) -> tuple["ActionRequests", torch.Tensor]:
-        """These requests less the `stale` ones (indices), and the indices of those kept."""
-        dropped = set(stale)
-        kept = [i for i in range(len(self)) if i not in dropped]
-        subset = copy.copy(self)
-        for name in ("workers", "splits", "generations", "slots"):
-            setattr(subset, name, [getattr(self, name)[i] for i in kept])
-        message = [index for index, count in enumerate(self.counts) for _ in range(count)]
-        subset.counts = [0] * len(self.counts)
-        for i in kept:
-            subset.counts[message[i]] += 1
-        kept = torch.tensor(kept, dtype=torch.long)
-        subset.rows = self.rows[kept]
-        return subset, kept
-
-
 class PolicyWorker:
     """Batched inference for one policy: acts on requests (action_request: one message a split) by
     reading the observations and RNN states in the slots and writing actions, log-probs, values
@@ -2503,8 +2281,6 @@ class PolicyWorker:
     once, and one index_copy_ per output. On a GPU the staging buffers are pinned, each input goes
     over in one non-blocking copy, and the outputs come back packed: one copy, one wait."""
 
-    OUTPUTS = ("actions", "log_prob", "value", "rnn_state")  # act()'s outputs, as the slot fields they go to
-
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
         self.device = torch.device(cfg.device)
         self.on_gpu = self.device.type == "cuda"
@@ -2514,39 +2290,13 @@ class PolicyWorker:
         self.control = shared.slots.control
         self.obs_keys = list(self.model.encoders)
         self.steps_per_slot = shared.slots.rollout + 1
-        # every slot field as rows [num_slots * (T+1), ...]: a request is one row, so a batch is one index
-        self.rows = {name: tensor.flatten(0, 1) for name, tensor in shared.slots.tensors.items()}
-        self.next_states = self.rows["rnn_state"][1:]  # row i here is row i + 1 there: the state after row i
-        self.make_buffers(shared.slots.num_slots)  # a slot has one standing request at most
+        self.staging = ActionStaging(shared.slots, self.obs_keys, self.device)  # the copies to and from the model
         self.version = -1
         # the runner's split of this worker's time ("wait" is policy_worker_main's), and its batches
         self.times = StageTimes("wait", "gather", "forward", "copy_back", "write", *["forward_gpu"] * self.on_gpu)
         self.acted = Counter()
         # on a GPU: CUDA events around the forward pass, for its GPU time (the wall clock times the launches)
         self.forward_events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.on_gpu else None
-
-    def make_buffers(self, capacity: int):
-        self.capacity = capacity
-        self.host_inputs = {key: torch.empty((capacity, *self.rows[key].shape[1:]), dtype=self.rows[key].dtype,
-                                             pin_memory=self.on_gpu) for key in self.obs_keys + ["rnn_state"]}
-        self.inputs = self.host_inputs  # on the CPU the model reads the staging buffers themselves
-        self.batch_views = {}  # batch size -> (field rows, host staging, device input) per input
-        if self.on_gpu:
-            self.inputs = {key: torch.empty_like(tensor, device=self.device) for key, tensor in self.host_inputs.items()}
-            self.device_outputs, self.device_output_views = self.packed_outputs(capacity, self.device)
-            self.host_outputs, self.host_output_views = self.packed_outputs(capacity, torch.device("cpu"), pin=True)
-            self.outputs_copied = sleeping_event()
-
-    def packed_outputs(self, capacity: int, device: torch.device, pin: bool = False):
-        """One byte buffer [capacity, bytes a row] for all of act()'s outputs, and a view of it per
-        output in that output's dtype and shape. Each output's columns start at a multiple of 8
-        bytes, which view(dtype) needs."""
-        widths = [self.rows[name][0].numel() * self.rows[name].element_size() for name in self.OUTPUTS]
-        starts = np.cumsum([0] + [(width + 7) // 8 * 8 for width in widths]).tolist()
-        packed = torch.empty((capacity, starts[-1]), dtype=torch.uint8, device=device, pin_memory=pin)
-        fields = [self.rows[name] for name in self.OUTPUTS]
-        return packed, [packed[:, start:start + width].view(field.dtype).view(capacity, *field.shape[1:])
-                        for field, start, width in zip(fields, starts, widths)]
 
     def load_latest_weights(self):
         if self.weights.version != self.version:
@@ -2574,12 +2324,12 @@ class PolicyWorker:
                 requests, _ = requests.without(stale)
             if len(requests) == 0:
                 return
-            obs, rnn_state = self.gather(requests.rows)
+            obs, rnn_state = self.staging.gather(requests.rows)
         with times("forward"):
             outputs = self.forward(obs, rnn_state)
         with times("copy_back"):
             if self.on_gpu:
-                outputs = self.to_host(outputs)
+                outputs = self.staging.to_host(outputs)
         if self.forward_events is not None:  # to_host waited for them
             times.seconds["forward_gpu"] += self.forward_events[0].elapsed_time(self.forward_events[1]) / 1000.0
         with times("write"):
@@ -2589,7 +2339,7 @@ class PolicyWorker:
             if stale:
                 requests, kept = requests.without(stale)
                 outputs = [output[kept] for output in outputs]
-            self.scatter(requests.rows, *outputs)
+            self.staging.scatter(requests.rows, *outputs, self.version)
             self.complete(requests)
         self.acted.update(samples=len(requests), batches=1)
 
@@ -2605,51 +2355,16 @@ class PolicyWorker:
         """The model on a batch of 1 and one of 2 (torch.compile specialises size 1 and generalises
         from 2), so that --compile compiles before the first request, not during it. No action is
         sampled: the random numbers stay the run's."""
+        inputs = self.staging.inputs
         with torch.inference_mode():
             for n in (1, 2):
-                self.model({key: self.inputs[key][:n] for key in self.obs_keys}, self.inputs["rnn_state"][:n])
+                self.model({key: inputs[key][:n] for key in self.obs_keys}, inputs["rnn_state"][:n])
 
     def take_report(self) -> dict:
         """This worker's stage times (on a GPU also "forward_gpu", the forward passes' GPU time)
         and its samples and batches since the last report, for the runner."""
         acted, self.acted = dict(self.acted), Counter()
         return {"stages": self.times.take(), "acted": acted}
-
-    def gather(self, rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The batch's observations and RNN states, in staging buffers on the model's device."""
-        n = len(rows)
-        if n > self.capacity:  # never in a run (see __init__); a bound kept by code, not by trust
-            self.make_buffers(n)
-        if n not in self.batch_views:  # slicing is a torch call too: once per batch size, not per batch
-            self.batch_views[n] = [(self.rows[key], host[:n], self.inputs[key][:n])
-                                   for key, host in self.host_inputs.items()]
-        inputs = []
-        for field_rows, host, device in self.batch_views[n]:
-            torch.index_select(field_rows, 0, rows, out=host)
-            if device is not host:
-                device.copy_(host, non_blocking=True)
-            inputs.append(device)
-        *obs, rnn_state = inputs
-        return dict(zip(self.obs_keys, obs)), rnn_state
-
-    def to_host(self, outputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-        """act()'s outputs, from the GPU to host memory: packed into one buffer there, one
-        non-blocking copy into pinned memory, one wait (a copy and a wait per output cost a
-        synchronisation each). The staging buffers are free again once it returns."""
-        n = len(outputs[0])
-        for view, output in zip(self.device_output_views, outputs):
-            view[:n].copy_(output)
-        self.host_outputs[:n].copy_(self.device_outputs[:n], non_blocking=True)
-        self.outputs_copied.record()
-        self.outputs_copied.synchronize()
-        return [view[:n] for view in self.host_output_views]
-
-    def scatter(self, rows: torch.Tensor, actions, log_probs, values, next_state):
-        self.rows["actions"].index_copy_(0, rows, actions)
-        self.rows["log_prob"].index_copy_(0, rows, log_probs)
-        self.rows["value"].index_copy_(0, rows, values)
-        self.rows["policy_version"].index_fill_(0, rows, self.version)
-        self.next_states.index_copy_(0, rows, next_state)
 
     def complete(self, requests: ActionRequests):
         """Counts the answered actors once per (worker, split, generation), as the split waits for them."""
@@ -2760,45 +2475,6 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
                 for label, keys in [("missing keys", missing), ("unexpected keys", unexpected),
                                     ("shape mismatches (checkpoint vs model)", reshaped)] if keys]
     return "; ".join(problems) or None
-
-
-class BatchBuffers:
-    """One batch's trajectory-major [trajectories, steps, ...] buffers for every field of the slots
-    (two steps of "rnn_state": the first and the last). On a GPU: pinned host buffers, device
-    buffers, and the event that marks the copies between them done.
-
-    Where host reads stall (a GPU), the batch also carries "done_host": the dones [T+1, B] as a
-    numpy array of its own (the pinned buffers are reused), from which forward_rollout plans its
-    segments without reading the device."""
-
-    def __init__(self, slot_tensors: dict[str, torch.Tensor], trajectories: int, device: torch.device):
-        on_gpu = device.type == "cuda"
-        self.host, self.device, self.copied = {}, {} if on_gpu else None, None
-        self.dones_on_host = host_reads_stall(device)
-        for name, tensor in slot_tensors.items():
-            shape = (trajectories, 2 if name == "rnn_state" else tensor.shape[1], *tensor.shape[2:])
-            self.host[name] = torch.empty(shape, dtype=tensor.dtype, pin_memory=on_gpu)
-            if on_gpu:
-                self.device[name] = torch.empty(shape, dtype=tensor.dtype, device=device)
-
-    def fill(self, slot_tensors: dict[str, torch.Tensor], index: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Copies the slots `index` in; returns the batch (on the device if there is one), time first."""
-        if self.copied is not None:
-            self.copied.synchronize()  # the last copies to the GPU have left the pinned buffers
-        for name, tensor in slot_tensors.items():
-            if name == "rnn_state":
-                torch.stack([tensor[index, 0], tensor[index, -1]], dim=1, out=self.host[name])
-            else:
-                torch.index_select(tensor, 0, index, out=self.host[name])
-        batch = self.host
-        if self.device is not None:
-            batch = {name: self.device[name].copy_(value, non_blocking=True) for name, value in batch.items()}
-            self.copied = sleeping_event()
-            self.copied.record()
-        batch = {name: value.transpose(0, 1) for name, value in batch.items()}
-        if self.dones_on_host:
-            batch["done_host"] = self.host["done"].numpy().T.copy()
-        return batch
 
 
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
@@ -3053,7 +2729,9 @@ class Learner:
         started = time.perf_counter()
         index = torch.as_tensor(slot_indices, dtype=torch.long)
         if not self.buffer_sets or self.buffer_sets[0].host["done"].shape[0] != len(index):
-            self.buffer_sets = [BatchBuffers(self.shared.slots.tensors, len(index), self.device) for _ in range(2)]
+            dones_on_host = host_reads_stall(self.device)  # then a batch brings its dones on the host too (done_host)
+            self.buffer_sets = [BatchBuffers(self.shared.slots.tensors, len(index), self.device, dones_on_host)
+                                for _ in range(2)]
         buffers = self.buffer_sets[self.batches_taken % 2]
         self.batches_taken += 1
         batch = buffers.fill(self.shared.slots.tensors, index)
@@ -3869,14 +3547,6 @@ def run_training(cfg, watch) -> TrainResult:
             for signum, handler in previous_handlers.items():  # for a caller in this process (tests, serial mode)
                 signal.signal(signum, handler)
     return run.result or TrainResult(exit_code=run.exit_code, seconds=run.elapsed)
-
-
-def drain(ipc_queue: appo_ipc.Queue) -> list:
-    """Every message waiting in `ipc_queue`, without waiting for more."""
-    try:
-        return ipc_queue.get_many(block=False)
-    except queue.Empty:
-        return []
 
 
 def shutdown(shared: Shared, children: list[Child], grace_s: float = 8.0, learner_grace_s: float = 30.0):

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 import appo
 
@@ -118,6 +119,14 @@ def shm_left_by_this_run(before: set[str]) -> list[str]:
     holders = shm_holders(new)
     others = {name for name, pids in holders.items() if pids and not pids & this_run}
     return sorted((new & shm_entries()) - others)  # and not those gone meanwhile
+
+
+def gather_slots(slots: appo.RolloutSlots, slot_indices: list[int]) -> dict[str, torch.Tensor]:
+    """Copies whole trajectories out of the slots, as a test reads them (the learner copies with
+    BatchBuffers): name -> [T+1, len(slot_indices), ...], time first, as views of trajectory-major
+    copies (see appo.trajectory_major)."""
+    index = torch.as_tensor(slot_indices, dtype=torch.long)
+    return {name: tensor.index_select(0, index).transpose(0, 1) for name, tensor in slots.tensors.items()}
 
 
 @pytest.fixture(autouse=True)

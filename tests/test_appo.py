@@ -18,7 +18,7 @@ from gymnasium import spaces
 
 import appo
 import appo_ipc
-from conftest import cpu_seconds, processes_still_tagged, processes_tagged
+from conftest import cpu_seconds, gather_slots, processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -777,7 +777,7 @@ def record_host_reads(monkeypatch) -> list[str]:
         return original_getitem(self, index)
 
     monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
-    monkeypatch.setattr(appo, "wait_for_copies", counting("publish", lambda tensor: None))
+    monkeypatch.setattr(appo_ipc, "wait_for_copies", counting("publish", lambda tensor: None))  # where publish finds it
     return reads
 
 
@@ -786,7 +786,7 @@ def as_take_batch_hands_it_over(batch: dict[str, torch.Tensor], device: torch.de
     Learner.take_batch hands it to train_step (with "done_host" where host reads stall)."""
     slot_tensors = {name: value.transpose(0, 1).contiguous() for name, value in batch.items()}
     trajectories = batch["done"].shape[1]
-    buffers = appo.BatchBuffers(slot_tensors, trajectories, device)
+    buffers = appo.BatchBuffers(slot_tensors, trajectories, device, appo.host_reads_stall(device))
     return buffers.fill(slot_tensors, torch.arange(trajectories))
 
 
@@ -1025,7 +1025,7 @@ def test_rollout_slots_give_zero_copy_views_that_pickle(spawn):
     process.start()
     process.join(timeout=60)
     assert process.exitcode == 0
-    batch = slots.gather([1, 2])
+    batch = gather_slots(slots, [1, 2])
     assert batch["reward"].shape == (7, 2) and (batch["reward"][:, 0] == 4.0).all()
 
 
@@ -1104,7 +1104,7 @@ def test_the_gpus_output_buffer_gives_each_output_columns_of_its_own(tmp_path):
     its own columns, in its own dtype and shape (run here on the CPU: the layout is the same)."""
     cfg = small_cfg(num_workers=1, num_envs_per_worker=2, worker_num_splits=2, train_dir=str(tmp_path))
     worker, _, _, _ = policy_worker_with_requests(cfg, (IMAGE_AND_VECTOR, TWO_HEADS))
-    packed, views = worker.packed_outputs(5, torch.device("cpu"))
+    packed, views = worker.staging.packed_outputs(5, torch.device("cpu"))
     assert [(view.shape, view.dtype) for view in views] == [
         ((5, 2), torch.int64), ((5,), torch.float32), ((5,), torch.float32), ((5, appo.rnn_state_size(cfg)), torch.float32)]
     assert all(view.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr() for view in views)

@@ -18,6 +18,7 @@ import torch
 from gymnasium import spaces
 
 import appo
+from conftest import gather_slots
 
 ON_CPU = os.environ.get("APPO_CUDA_TESTS_ON_CPU") == "1" and not torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU),
@@ -152,7 +153,7 @@ def test_a_policy_worker_on_the_gpu_writes_what_its_model_computes_into_the_slot
     shared = appo.create_shared(cfg, appo.ActorCritic(*spaces_pair, cfg), probe)
     worker = appo.PolicyWorker(0, cfg, shared, spaces_pair)
     if CUDA.type == "cuda":
-        assert worker.host_inputs["obs"].is_pinned() and worker.host_outputs.is_pinned()
+        assert worker.staging.host_inputs["obs"].is_pinned() and worker.staging.host_outputs.is_pinned()
     tensors, control = shared.slots.tensors, shared.slots.control
     generator = torch.Generator().manual_seed(3)
     tensors["obs"].copy_(torch.randint(0, 256, tensors["obs"].shape, dtype=torch.uint8, generator=generator))
@@ -205,7 +206,7 @@ def test_pinned_non_blocking_batches_arrive_intact_though_the_slots_are_reused_a
                 tensor.copy_(torch.randint(0, 1 << 40, tensor.shape, generator=generator))
             else:
                 tensor.copy_(torch.randn(tensor.shape, generator=generator))
-        expected = {name: value.clone() for name, value in slots.gather(taken).items()}
+        expected = {name: value.clone() for name, value in gather_slots(slots, taken).items()}
         expected["rnn_state"] = expected["rnn_state"][[0, -1]]  # the learner reads only the first and the last
         batch = learner.take_batch(taken)  # copies are queued, maybe not done when it returns
         for tensor in slots.tensors.values():  # the rollout workers refill the freed slots at once
