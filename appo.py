@@ -1437,6 +1437,9 @@ def print_errors(errors: list[str], most: int = 3):
 # PLUMBING: shared memory: trajectory slots, published weights, run state, and who owns what
 # =============================================================================================
 
+# The wrappers over the shared memory (RolloutSlots, SharedWeights, SharedCounters, the queues) are
+# appo_ipc's, csrc/__init__.py; here is what they hold for this trainer, their sizes, and who owns what.
+
 def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Every per-step field of a trajectory slot: name -> (shape, dtype). Each slot holds T+1 steps."""
     specs, action_dist = dict(obs_shapes(obs_space)), action_distribution(action_space)
