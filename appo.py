@@ -676,7 +676,7 @@ class ActorCritic(nn.Module):
 
 def trajectory_major(steps: torch.Tensor) -> torch.Tensor:
     """[T, B, ...] -> [B * T, ...], one trajectory after the other. The learner's batches are
-    time-first views of trajectory-major memory (RolloutSlots.gather), so for them this is free,
+    time-first views of trajectory-major memory (BatchBuffers.fill), so for them this is free,
     where flattening [T, B] would copy every image of the batch."""
     return steps.transpose(0, 1).flatten(0, 1)
 
