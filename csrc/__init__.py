@@ -248,7 +248,7 @@ class BatchBuffers:
 
     With `dones_on_host` (the learner's choice where host reads stall: a GPU), the batch also
     carries "done_host": the dones [T+1, B] as a numpy array of its own (the pinned buffers are
-    reused), from which forward_rollout plans its segments without reading the device."""
+    reused), from which the learner plans its RNN's episode segments without reading the device."""
 
     def __init__(self, slot_tensors: dict[str, torch.Tensor], trajectories: int, device: torch.device,
                  dones_on_host: bool):
