@@ -465,7 +465,7 @@ def register_encoder(name: str, build: Callable[[int], nn.Module], activation: t
     """Adds an image encoder that --encoder NAME then offers: `build(channels)` returns a module that
     ends in a flat feature vector (as impala_resnet does). Call it at import time in your launcher,
     beside env.register_env, so that the spawned workers, which import the launcher, register it too;
-    evaluate with the same launcher (a run's last line names it)."""
+    run its evaluation with the same launcher (a run's last line names it)."""
     CONV_ENCODERS[name] = ConvEncoder(build, activation, about)
 
 
