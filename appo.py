@@ -681,12 +681,25 @@ def trajectory_major(steps: torch.Tensor) -> torch.Tensor:
     return steps.transpose(0, 1).flatten(0, 1)
 
 
-def act(model: "ActorCritic", obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
-    """One batched inference step: sampled actions, their log-probs, values and next RNN states."""
+def act(model: "ActorCritic", obs: dict[str, torch.Tensor], rnn_state: torch.Tensor
+        ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """One batched inference step: what the learner's batch will hold of it, by slot field (see
+    acting_fields: the sampled actions, their log-probs, the values), and the next RNN states."""
     with torch.inference_mode():  # cheaper than no_grad: no version counters
         logits, values, next_state = model(obs, rnn_state)
         actions = model.action_dist.sample(logits)
-        return actions, model.action_dist.log_prob(logits, actions), values, next_state
+        return {"actions": actions, "log_prob": model.action_dist.log_prob(logits, actions), "value": values}, next_state
+
+
+def acting_fields(action_dist: ActionDistribution) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """act()'s outputs as per-step fields of the slots, name -> (shape, dtype) of a step. The policy
+    workers write each, and the learner's batch holds it as batch[name], [T+1, B, ...], beside the
+    observations, "rnn_state" (before the step), "reward", "done", "policy_version" and "valid"
+    (rollout_buffer_specs). To carry one more quantity of the acting policy to the loss (say its
+    logits, for an exact KL), add it here and to act()'s dict: nothing else changes."""
+    return {"actions": (action_dist.action_shape, action_dist.action_dtype),
+            "log_prob": ((), np.dtype(np.float32)),  # behaviour policy's log pi(action)
+            "value": ((), np.dtype(np.float32))}  # behaviour policy's value estimate
 
 
 # =============================================================================================
@@ -1445,9 +1458,7 @@ def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[
     specs, action_dist = dict(obs_shapes(obs_space)), action_distribution(action_space)
     specs.update({
         "rnn_state": ((rnn_state_size(cfg),), np.dtype(np.float32)),  # state *before* this step
-        "actions": (action_dist.action_shape, action_dist.action_dtype),
-        "log_prob": ((), np.dtype(np.float32)),        # behaviour policy's log pi(action)
-        "value": ((), np.dtype(np.float32)),           # behaviour policy's value estimate
+        **acting_fields(action_dist),                   # what the policy that acted gives the learner
         "reward": ((), np.dtype(np.float32)),
         "done": ((), np.dtype(np.float32)),            # the episode ended after this step
         "policy_version": ((), np.dtype(np.int64)),    # SGD step of the weights that acted
@@ -2293,7 +2304,9 @@ class PolicyWorker:
         self.control = shared.slots.control
         self.obs_keys = list(self.model.encoders)
         self.steps_per_slot = shared.slots.rollout + 1
-        self.staging = ActionStaging(shared.slots, self.obs_keys, self.device)  # the copies to and from the model
+        # the copies to and from the model: its inputs, and act()'s outputs into their slot fields
+        self.staging = ActionStaging(shared.slots, self.obs_keys, list(acting_fields(self.model.action_dist)),
+                                     self.device)
         self.version = -1
         # the runner's split of this worker's time ("wait" is policy_worker_main's), and its batches
         self.times = StageTimes("wait", "gather", "forward", "copy_back", "write", *["forward_gpu"] * self.on_gpu)
@@ -2342,17 +2355,18 @@ class PolicyWorker:
             if stale:
                 requests, kept = requests.without(stale)
                 outputs = [output[kept] for output in outputs]
-            self.staging.scatter(requests.rows, *outputs, self.version)
+            self.staging.scatter(requests.rows, outputs, self.version)
             self.complete(requests)
         self.acted.update(samples=len(requests), batches=1)
 
-    def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
-        if self.forward_events is None:
-            return act(self.model, obs, rnn_state)
-        self.forward_events[0].record()
-        outputs = act(self.model, obs, rnn_state)
-        self.forward_events[1].record()
-        return outputs
+    def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor) -> list[torch.Tensor]:
+        """act() on a batch: its outputs in the staging's order (the slot fields, then the next states)."""
+        if self.forward_events is not None:
+            self.forward_events[0].record()
+        outputs, next_state = act(self.model, obs, rnn_state)
+        if self.forward_events is not None:
+            self.forward_events[1].record()
+        return [*(outputs[name] for name in self.staging.fields), next_state]
 
     def warm_up(self):
         """The model on a batch of 1 and one of 2 (torch.compile specialises size 1 and generalises

@@ -327,10 +327,10 @@ class ActionStaging:
     brings the outputs back from a GPU, scatter() writes them into the slots. On a GPU the host
     staging buffers are pinned and the outputs travel packed in one buffer."""
 
-    OUTPUTS = ("actions", "log_prob", "value", "rnn_state")  # act()'s outputs, as the slot fields they go to
-
-    def __init__(self, slots: RolloutSlots, obs_keys: list[str], device: torch.device):
-        self.device, self.on_gpu, self.obs_keys = device, device.type == "cuda", obs_keys
+    def __init__(self, slots: RolloutSlots, obs_keys: list[str], fields: list[str], device: torch.device):
+        """`fields`: the slot fields the model's outputs go to, in order; the next RNN states follow them."""
+        self.device, self.on_gpu, self.obs_keys, self.fields = device, device.type == "cuda", obs_keys, fields
+        self.outputs = [*fields, "rnn_state"]  # the outputs' rows: the next states go to the row after the step
         # every slot field as rows [num_slots * (T+1), ...]: a request is one row, so a batch is one index
         self.rows = {name: tensor.flatten(0, 1) for name, tensor in slots.tensors.items()}
         self.next_states = self.rows["rnn_state"][1:]  # row i here is row i + 1 there: the state after row i
@@ -352,10 +352,10 @@ class ActionStaging:
         """One byte buffer [capacity, bytes a row] for all of act()'s outputs, and a view of it per
         output in that output's dtype and shape. Each output's columns start at a multiple of 8
         bytes, which view(dtype) needs."""
-        widths = [self.rows[name][0].numel() * self.rows[name].element_size() for name in self.OUTPUTS]
+        widths = [self.rows[name][0].numel() * self.rows[name].element_size() for name in self.outputs]
         starts = np.cumsum([0] + [(width + 7) // 8 * 8 for width in widths]).tolist()
         packed = torch.empty((capacity, starts[-1]), dtype=torch.uint8, device=device, pin_memory=pin)
-        fields = [self.rows[name] for name in self.OUTPUTS]
+        fields = [self.rows[name] for name in self.outputs]
         return packed, [packed[:, start:start + width].view(field.dtype).view(capacity, *field.shape[1:])
                         for field, start, width in zip(fields, starts, widths)]
 
@@ -388,11 +388,11 @@ class ActionStaging:
         self.outputs_copied.synchronize()
         return [view[:n] for view in self.host_output_views]
 
-    def scatter(self, rows: torch.Tensor, actions, log_probs, values, next_state, version: int):
-        """Writes each row's outputs, the version of the weights that computed them, and the next
-        RNN state into the row after it."""
-        self.rows["actions"].index_copy_(0, rows, actions)
-        self.rows["log_prob"].index_copy_(0, rows, log_probs)
-        self.rows["value"].index_copy_(0, rows, values)
+    def scatter(self, rows: torch.Tensor, outputs: list[torch.Tensor], version: int):
+        """Writes each row's outputs (in `outputs`' order) into their fields, the version of the
+        weights that computed them, and the next RNN state into the row after it."""
+        *step_outputs, next_state = outputs
+        for name, output in zip(self.fields, step_outputs, strict=True):
+            self.rows[name].index_copy_(0, rows, output)
         self.rows["policy_version"].index_fill_(0, rows, version)
         self.next_states.index_copy_(0, rows, next_state)

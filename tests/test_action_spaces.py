@@ -107,8 +107,8 @@ def test_the_learner_masks_the_stored_observation_as_acting_did():
     mask = torch.randint(0, 2, (steps, batch, 6), dtype=torch.int8)
     mask[..., 0] = mask[..., 4] = 1  # each head keeps an allowed action
     obs = {"obs": torch.randn(steps, batch, 3), "action_mask": mask}
-    actions, log_probs, _, _ = appo.act(model, {key: value.flatten(0, 1) for key, value in obs.items()},
-                                        torch.zeros(steps * batch, 1))
+    outputs, _ = appo.act(model, {key: value.flatten(0, 1) for key, value in obs.items()}, torch.zeros(steps * batch, 1))
+    actions, log_probs = outputs["actions"], outputs["log_prob"]
     with torch.no_grad():
         logits, _ = model.forward_rollout(obs, torch.zeros(batch, 1), torch.zeros(steps, batch))
         relearned = model.action_dist.log_prob(logits, actions.view(steps, batch, 2))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import uuid
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,3 +66,45 @@ def test_a_breakpoint_in_the_loss_stops_under_pdb(tmp_path):
     assert "appo_loss()" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
     assert "(Pdb) True" in result.stdout  # it evaluated an argument of the loss, in the loss's frame
     assert processes_still_tagged(tag) == []  # quitting the debugger ends the run's env processes too
+
+
+@pytest.mark.slow
+def test_one_more_per_step_quantity_reaches_the_loss_through_act_and_acting_fields(tmp_path, monkeypatch):
+    """docs/fork.md's seam for a forker's per-step quantity: the behaviour logits (for an exact KL)
+    added to acting_fields and to act()'s dict are written by the policy worker into a slot field
+    of their own and reach the loss as batch["logits"]. Where the learner trains with the weights
+    that acted (lag 0, the first SGD step of a batch, no input statistics to update), the logits it
+    computes are the ones that acted."""
+    real_fields, real_loss = appo.acting_fields, appo.appo_loss
+
+    def fields_with_logits(action_dist):
+        return {**real_fields(action_dist), "logits": ((action_dist.num_outputs,), np.dtype(np.float32))}
+
+    def act_with_logits(model, obs, rnn_state):
+        with torch.inference_mode():
+            logits, values, next_state = model(obs, rnn_state)
+            actions = model.action_dist.sample(logits)
+            return {"actions": actions, "log_prob": model.action_dist.log_prob(logits, actions), "value": values,
+                    "logits": logits}, next_state
+
+    compared = []
+
+    def loss_reading_the_logits(model, batch, policy_version, cfg, update_statistics=False):
+        with torch.no_grad():
+            logits, _ = model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
+                                              batch["done"])
+        # version 0 is the runner's first draw, which the learner's own does not equal: from version 1 on,
+        # the weights that acted a step are the learner's of that version
+        acted_by_these = (batch["valid"][:-1] > 0) & (batch["policy_version"][:-1] == policy_version) & (policy_version > 0)
+        if update_statistics and acted_by_these.any():  # the batch's first step: no weights have moved yet
+            torch.testing.assert_close(batch["logits"][:-1][acted_by_these], logits[:-1][acted_by_these],
+                                       rtol=1e-4, atol=1e-4)
+            compared.append(int(acted_by_these.sum()))
+        return real_loss(model, batch, policy_version, cfg, update_statistics)
+
+    monkeypatch.setattr(appo, "acting_fields", fields_with_logits)
+    monkeypatch.setattr(appo, "act", act_with_logits)
+    monkeypatch.setattr(appo, "appo_loss", loss_reading_the_logits)
+    # without input normalisation: the learner would update its statistics before the loss
+    assert appo.main(serial_flags(tmp_path, "logits", frames=3_000) + ["--no-async_rl", "--no-normalize_input"]) == 0
+    assert len(compared) >= 3 and sum(compared) > 100, compared
