@@ -483,7 +483,8 @@ def test_a_request_that_goes_stale_during_the_forward_pass_writes_nothing_and_th
     real_act = appo.act
     monkeypatch.setattr(appo, "act", act_while_the_split_is_asked_again)
     worker.act_on([appo.action_request(0, 0, first, [other]), appo.action_request(0, 1, second, [actor])])
-    actions, log_probs, values, next_state = computed[0]
+    outputs, next_state = computed[0]
+    actions, log_probs, values = outputs["actions"], outputs["log_prob"], outputs["value"]
     assert int(tensors["actions"][other.slot, 3]) == -7 and control.pending(0, 0) == 1
     assert values[0] != values[1]
     assert float(tensors["value"][actor.slot, 3]) == float(values[1])
