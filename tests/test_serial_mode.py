@@ -95,7 +95,8 @@ def test_one_more_per_step_quantity_reaches_the_loss_through_act_and_acting_fiel
                                               batch["done"])
         # version 0 is the runner's first draw, which the learner's own does not equal: from version 1 on,
         # the weights that acted a step are the learner's of that version
-        acted_by_these = (batch["valid"][:-1] > 0) & (batch["policy_version"][:-1] == policy_version) & (policy_version > 0)
+        acted_by_these = ((batch["valid"][:-1] > 0) & (batch["policy_version"][:-1] == policy_version)
+                          & (policy_version > 0))
         if update_statistics and acted_by_these.any():  # the batch's first step: no weights have moved yet
             torch.testing.assert_close(batch["logits"][:-1][acted_by_these], logits[:-1][acted_by_these],
                                        rtol=1e-4, atol=1e-4)
