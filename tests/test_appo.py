@@ -1363,6 +1363,27 @@ def test_synchronous_collection_trains_every_batch_on_the_weights_that_acted_it(
 
 
 
+def learner_on_real_slots(cfg, num_slots: int):
+    """A Learner over real rollout slots and a real queue, whose first report to the runner stops it:
+    (learner, slots, the reports). Every slot's steps are valid, with log-prob -2."""
+    slots = appo.RolloutSlots(appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg), num_slots=num_slots,
+                              rollout=cfg.rollout, num_workers=1, num_splits=1)
+    slots.tensors["log_prob"].fill_(-2.0)
+    slots.tensors["valid"].fill_(1.0)
+    run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
+    reports = []
+
+    def report_and_stop(message):  # the runner's stats queue: one report is enough
+        reports.append(message)
+        run.stop[0] = 1
+
+    shared = types.SimpleNamespace(slots=slots, run=run, learner_queues=[appo_ipc.Queue(1 << 16)],
+                                   stats_queue=types.SimpleNamespace(put=report_and_stop),
+                                   weights=[appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))],
+                                   hyperparams=appo.PolicyHyperparams(cfg, None))
+    return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS)), slots, reports
+
+
 @pytest.mark.parametrize("async_rl", [False, True])
 def test_a_synchronous_batch_frees_a_slot_begun_by_older_weights_and_its_actor_is_not_parked(tmp_path, async_rl):
     """--no-async_rl after a restart (scripts/chaos.py met it in CI): a rollout worker restarted
@@ -1373,29 +1394,14 @@ def test_a_synchronous_batch_frees_a_slot_begun_by_older_weights_and_its_actor_i
     comes, is the chaos test's: a parked actor whose slot was freed would stall its split.)"""
     cfg = small_cfg(train_dir=str(tmp_path), async_rl=async_rl)
     trajectories = appo.trajectories_per_batch(cfg)
-    slots = appo.RolloutSlots(appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg), num_slots=trajectories + 1,
-                              rollout=cfg.rollout, num_workers=1, num_splits=1)
-    slots.tensors["log_prob"].fill_(-2.0)
-    slots.tensors["valid"].fill_(1.0)
+    learner, slots, reports = learner_on_real_slots(cfg, num_slots=trajectories + 1)
     slots.tensors["policy_version"].fill_(1)
-    run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
-    reports = []
-
-    def report_and_stop(message):
-        reports.append(message)
-        run.stop[0] = 1
-
-    shared = types.SimpleNamespace(slots=slots, run=run, learner_queues=[appo_ipc.Queue(1 << 16)],
-                                   stats_queue=types.SimpleNamespace(put=report_and_stop),
-                                   weights=[appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))],
-                                   hyperparams=appo.PolicyHyperparams(cfg, None))
-    learner = appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
     learner.policy_version = 1  # it trained on the predecessor's share: the slot below came after
     handed_off = [(slot, slots.control.generation(slot), 0)
                   for slot in [slots.control.acquire(0, timeout=1.0) for _ in range(trajectories + 1)]]
     stale = handed_off[0][0]
     slots.arrays["policy_version"][stale, :2] = 0  # begun by version 0, the rest acted by version 1
-    shared.learner_queues[0].put_many(handed_off)
+    learner.shared.learner_queues[0].put_many(handed_off)
     learner.run(process_index=0)
     (report,) = reports
     assert report["policy_version"] == 2
@@ -1607,22 +1613,8 @@ def test_a_learner_in_its_own_loop_reports_where_its_time_went(tmp_path):
     publish, and the step's report to the runner carries all four."""
     cfg = small_cfg(train_dir=str(tmp_path))
     trajectories = appo.trajectories_per_batch(cfg)
-    slots = appo.RolloutSlots(appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg), num_slots=trajectories,
-                              rollout=cfg.rollout, num_workers=1, num_splits=1)
-    slots.tensors["log_prob"].fill_(-2.0)
-    slots.tensors["valid"].fill_(1.0)
-    run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
-    reports = []
-
-    def report_and_stop(message):  # the runner's stats queue: one report is enough
-        reports.append(message)
-        run.stop[0] = 1
-
-    shared = types.SimpleNamespace(slots=slots, run=run, learner_queues=[appo_ipc.Queue(1 << 16)],
-                                   stats_queue=types.SimpleNamespace(put=report_and_stop),
-                                   weights=[appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))],
-                                   hyperparams=appo.PolicyHyperparams(cfg, None))
-    learner = appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner, slots, reports = learner_on_real_slots(cfg, num_slots=trajectories)
+    run, shared = learner.shared.run, learner.shared
     handed_off = []  # as a rollout worker hands its finished slots to the learner
     for _ in range(trajectories):
         slot = slots.control.acquire(0, timeout=1.0)
