@@ -350,45 +350,32 @@ class RunningNormalizer(nn.Module):
 
         Integer batches (pixels) are scaled after the reduction, which saves a pass over them.
         """
-        if host_reads_stall(batch.device):
-            batch_mean, batch_var, n = self.weighted_moments(batch, rows)
-        else:
-            batch_mean, batch_var, n = self.selected_moments(batch if rows is None else batch[rows > 0])
+        batch_mean, batch_var, n = self.moments(batch, rows)
         self.merge(batch_mean * scale, batch_var * scale ** 2, n)
 
-    def selected_moments(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(mean, variance, count) of the rows, read on the host: 0 rows if any is not finite."""
-        n = batch.shape[0]
-        if n and batch.is_floating_point() and not torch.isfinite(batch).all():
-            n = 0
-        if n == 0:
-            return torch.zeros_like(self.mean), torch.zeros_like(self.var), 0
-        batch = batch.float()
-        batch_mean = batch.mean(0)
-        batch_var = (batch - batch_mean).pow_(2).mean(0)  # faster than torch.var_mean over dim 0 on CPU
-        return batch_mean, batch_var, n
-
-    def weighted_moments(self, batch: torch.Tensor, rows: torch.Tensor | None
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The same as selected_moments with the count a tensor on the device: rows are weighed,
-        not selected, so nothing waits for the device to say how many there are."""
+    @staticmethod
+    def moments(batch: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean, variance, count) of the counted rows, the count 0 if any of them is not finite.
+        Rows are weighed, not selected, and the count stays a tensor: nothing here waits for the
+        device to say how many rows there are."""
         weights = torch.ones(batch.shape[0], device=batch.device) if rows is None else (rows > 0).float()
-        weights = weights.view(-1, *[1] * (batch.dim() - 1))
-        batch = torch.where(weights > 0, batch.float(), 0.0)
-        n = weights.sum() * torch.isfinite(batch).all()
-        batch_mean = batch.sum(0) / n.clamp(min=1.0)
-        batch_var = ((batch - batch_mean) * weights).pow_(2).sum(0) / n.clamp(min=1.0)
-        return batch_mean, batch_var, n
+        n, x = weights.sum(), batch.float()
+        if rows is not None:  # a left-out row weighs 0, and its NaN must not reach the sums
+            weights = weights.view(-1, *[1] * (batch.dim() - 1))
+            x = torch.where(weights > 0, x, 0.0)
+        if batch.is_floating_point():
+            n = n * torch.isfinite(x).all()
+        batch_mean = x.sum(0) / n.clamp(min=1.0)
+        deviations = x - batch_mean if rows is None else (x - batch_mean) * weights
+        return batch_mean, deviations.pow_(2).sum(0) / n.clamp(min=1.0), n
 
-    def merge(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, n: int | torch.Tensor):
-        if not torch.is_tensor(n) and n == 0:
-            return
+    def merge(self, batch_mean: torch.Tensor, batch_var: torch.Tensor, n: torch.Tensor):
         total = self.count + n
         delta = batch_mean - self.mean
         merged = (self.mean + delta * n / total,
                   (self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total) / total, total)
         for statistic, value in zip((self.mean, self.var, self.count), merged):
-            statistic.copy_(torch.where(n > 0, value, statistic) if torch.is_tensor(n) else value)
+            statistic.copy_(torch.where(n > 0, value, statistic))
 
     def forward(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
         """Normalises `scale * x` in one multiply-add, addcmul (the input may be a large batch of pixels)."""
@@ -954,18 +941,15 @@ def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: t
     """One clipped Adam step on `loss`, skipped if the loss or gradient is not finite. Returns
     (the gradient's norm, 1.0 if the step was skipped else 0.0), both 0-dim tensors.
 
-    Where host reads stall, fused Adam skips the step on the device (its `found_inf`, the input
-    torch's GradScaler gives it), so the step reads nothing back."""
+    The optimizer decides to skip by itself, reading nothing back: torch's fused Adam takes a
+    `found_inf` tensor (what its GradScaler hands it) and leaves weights and moments alone at 1."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     skipped = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()
-    if optimizer.defaults.get("fused"):
-        optimizer.found_inf = skipped
-        optimizer.step()
-        del optimizer.found_inf
-    elif not skipped.item():
-        optimizer.step()
+    optimizer.found_inf = skipped
+    optimizer.step()
+    del optimizer.found_inf
     return grad_norm.detach(), skipped
 
 
@@ -1259,11 +1243,11 @@ def native_bfloat16(device: str) -> bool:
 
 def host_reads_stall(device: torch.device) -> bool:
     """Does reading a tensor's value on the host (`.item()`, `bool()`, a boolean index) wait for
-    every kernel queued before it? On a GPU it does, and a learner step that reads a dozen values
-    runs a dozen times as a stop-and-go; so there the learner keeps its decisions on the device
+    every kernel queued before it? On a GPU it does, so there the learner runs its RNN over episode
+    segments planned from a host copy of the batch's dones (SegmentRNN) instead of the model's
+    loop of small steps. Everything else a step decides stays on the device on every device
     (fused Adam skips a non-finite step itself, the normalisers weigh rows instead of selecting
-    them). On the CPU a read is free, and the learner keeps the code whose numerics the seeded
-    serial runs pin down (scripts/same_training.py)."""
+    them)."""
     return torch.device(device).type != "cpu"
 
 
@@ -1624,6 +1608,8 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
     weights, resumed_frames = [], 0
     for policy_id in range(cfg.num_policies):
+        # version 0, which the learner starts from too: weights of its own per policy, drawn from the run's seed
+        model = model if policy_id == 0 else ActorCritic(*probe.spaces, cfg)
         shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
         if checkpoint is not None:  # policy workers act with the resumed weights from the start
@@ -2517,9 +2503,10 @@ def rnn_in_full_float32():
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict):
     """optimizer.load_state_dict, keeping this optimizer's own `fused`: torch restores each
-    group's setting from the state, so a checkpoint saved on the CPU (not fused) would turn a GPU
-    learner's fused Adam into one that refuses optimizer_step's `found_inf`. Loading with the group
-    fused also moves Adam's step counts to the parameters' device, which fused Adam needs."""
+    group's setting from the state, so a checkpoint saved by a plain Adam (the CPU's learner
+    before 2026-11-28) would turn this fused Adam into one that refuses optimizer_step's
+    `found_inf`. Loading with the group fused also moves Adam's step counts to the parameters'
+    device, which fused Adam needs."""
     fused = optimizer.defaults.get("fused")
     optimizer.load_state_dict({**state, "param_groups": [{**group, "fused": fused} for group in state["param_groups"]]})
 
@@ -2632,16 +2619,17 @@ class Learner:
         self.model = compiled_encoder(ActorCritic(*spaces_pair, cfg).to(self.device), cfg, fixed_shapes=True)
         # where host reads stall, the RNN runs over episode segments, planned from the batch's host copy of its dones
         self.segments = SegmentRNN(self.model) if host_reads_stall(self.device) and cfg.rnn_type != "none" else None
-        # fused: one kernel for the whole update, and it skips a non-finite step on the device (optimizer_step)
+        # fused: one kernel for the whole update, and it skips a non-finite step itself (optimizer_step)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                                          fused=True if host_reads_stall(self.device) else None)
+                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, fused=True)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
             rnn_in_full_float32()
         self.policy_version, self.env_frames = 0, 0
         checkpoint = load_latest_checkpoint(cfg, policy_id, quiet=True)  # the runner has warned already
-        if checkpoint is not None:
+        if checkpoint is None:  # version 0: the weights the runner drew and the policy workers act with
+            shared.weights[policy_id].load_into(self.model)
+        else:
             self.model.load_state_dict(checkpoint["model"])
             load_optimizer_state(self.optimizer, checkpoint["optimizer"])
             self.policy_version, self.env_frames = checkpoint["policy_version"], checkpoint["env_frames"]
@@ -3910,18 +3898,17 @@ def merge_over_all_ranks(normalizer: "RunningNormalizer"):
     normalizer.merge = lambda mean, var, n: merge(*all_ranks_moments(mean, var, n))
 
 
-def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: int | torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, int | torch.Tensor]:
-    """Mean and variance of the union of every rank's batch, from each rank's (mean, var, n). The
-    count comes back as it came: an int, or a tensor that stays on the device (host_reads_stall)."""
-    count = torch.as_tensor(n, dtype=torch.float64, device=mean.device).reshape(1)
+def all_ranks_moments(mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean, variance and count of the union of every rank's batch, from each rank's (mean, var, n),
+    all on the device."""
+    count = n.to(torch.float64).reshape(1)
     sums = torch.cat([count, (mean.double() * count).reshape(-1), ((var.double() + mean.double() ** 2) * count).reshape(-1)])
     torch.distributed.all_reduce(sums)
     total, size = sums[0], mean.numel()
     all_mean = sums[1:1 + size] / total.clamp(min=1.0)
     all_var = (sums[1 + size:] / total.clamp(min=1.0) - all_mean ** 2).clamp_(min=0.0)
-    total = total.to(mean.dtype) if torch.is_tensor(n) else int(total.item())
-    return all_mean.view_as(mean).to(mean.dtype), all_var.view_as(var).to(var.dtype), total
+    return all_mean.view_as(mean).to(mean.dtype), all_var.view_as(var).to(var.dtype), total.to(n.dtype)
 
 
 def exchange_progress(stop: bool, frames: int) -> tuple[bool, int]:

@@ -5,6 +5,7 @@ import glob
 import multiprocessing
 import os
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -119,6 +120,15 @@ def shm_left_by_this_run(before: set[str]) -> list[str]:
     holders = shm_holders(new)
     others = {name for name, pids in holders.items() if pids and not pids & this_run}
     return sorted((new & shm_entries()) - others)  # and not those gone meanwhile
+
+
+def outside_a_run(cfg, spaces_pair, **fields):
+    """What a Learner built alone (no runner) reads of a run's shared state: its policy's published
+    weights, version 0, which it starts from (on the GPU with --device cuda, as create_shared
+    makes them), and any other `fields` given (slots, run, ...)."""
+    device = torch.device(cfg.device)
+    weights = appo.SharedWeights(appo.ActorCritic(*spaces_pair, cfg), device if device.type == "cuda" else None)
+    return types.SimpleNamespace(weights=[weights], **fields)
 
 
 def gather_slots(slots: appo.RolloutSlots, slot_indices: list[int]) -> dict[str, torch.Tensor]:

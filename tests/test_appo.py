@@ -18,7 +18,7 @@ from gymnasium import spaces
 
 import appo
 import appo_ipc
-from conftest import cpu_seconds, gather_slots, processes_still_tagged, processes_tagged
+from conftest import cpu_seconds, gather_slots, outside_a_run, processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -248,7 +248,7 @@ def test_the_learner_counts_each_batch_once_in_the_running_statistics_whatever_t
     Factory), not once per epoch; the epochs still take three optimiser steps."""
     cfg = small_cfg(train_dir=str(tmp_path), num_epochs=3, normalize_input=True, normalize_returns=True,
                     with_vtrace=with_vtrace)
-    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     steps, batch_size = 6, 4
     batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, steps, batch_size)
     returns_count = float(learner.model.returns_normalizer.count)
@@ -265,7 +265,7 @@ def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_pat
     """--num_epochs 2 --num_batches_per_epoch 2: four optimiser steps, each on two whole trajectories
     (every step of them, with their own first RNN state), the return statistics counted once."""
     cfg = small_cfg(train_dir=str(tmp_path), num_epochs=2, num_batches_per_epoch=2, normalize_returns=True)
-    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     steps, trajectories = 6, 4
     batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, steps, trajectories)
     batch["rnn_state"][0] = torch.arange(trajectories, dtype=torch.float32).unsqueeze(1)  # names each trajectory
@@ -292,7 +292,7 @@ def test_gae_targets_are_computed_once_per_batch_with_the_weights_before_its_fir
     bootstrap re-evaluated by weights that already trained on the batch."""
     cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=False, num_epochs=2, num_batches_per_epoch=2,
                     normalize_returns=True, normalize_input=False, learning_rate=1e-2)
-    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     steps, trajectories = 6, 4
     batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, steps, trajectories)
     batch["done"][:] = 0.0  # every target reaches the bootstrap value
@@ -325,7 +325,7 @@ def test_appo_loss_with_gae_asks_for_the_batchs_targets_by_name():
 
 def test_linear_decay_scales_the_learning_rate_by_the_share_of_frames_left(tmp_path):
     cfg = small_cfg(train_dir=str(tmp_path), lr_schedule="linear_decay", learning_rate=1e-3, train_for_env_steps=1000)
-    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     learner.env_frames = 250
     learner.apply_lr_schedule()
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
@@ -340,7 +340,8 @@ def test_lr_decay_frames_moves_where_linear_decay_reaches_zero(tmp_path):
     cfg = appo.parse_args(["--env", "atari_breakout", "--train_for_env_steps", "1000", "--lr_decay_frames", "4000",
                            "--learning_rate", "1e-3", "--train_dir", str(tmp_path)])
     assert cfg.lr_schedule == "linear_decay"  # the Atari family's
-    learner = appo.Learner(0, cfg, None, (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4)))
+    spaces_pair = (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(4))
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, spaces_pair), spaces_pair)
     learner.env_frames = 1000  # the budget's end, a quarter of Sample Factory's horizon at frameskip 4
     learner.apply_lr_schedule()
     assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.75e-3)
@@ -650,7 +651,7 @@ def test_ppo_with_v_trace_trains_a_gaussian_policy_towards_better_actions():
                     exploration_loss_coeff=0.0)
     obs_space, box = spaces.Box(-1.0, 1.0, (1,), np.float32), spaces.Box(-2.0, 2.0, (1,), np.float32)
     model = appo.ActorCritic(obs_space, box, cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
     steps, trajectories = 2, 128
     for _ in range(150):
         obs = {"obs": torch.zeros(steps + 1, trajectories, 1)}
@@ -718,7 +719,7 @@ def test_one_learner_step_changes_the_weights_and_every_parameter_gets_a_gradien
     torch.manual_seed(1)
     cfg = small_cfg(with_vtrace=with_vtrace)
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     loss, aux = loss_of_batch(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
     loss.backward()
@@ -742,7 +743,7 @@ def test_the_critic_learns_the_value_of_its_observations(with_vtrace):
         torch.manual_seed(0)
         cfg = small_cfg(gamma=0.0, with_vtrace=with_vtrace, ppo_clip_value=100.0, value_loss_coeff=value_loss_coeff)
         model = appo.ActorCritic(vector, actions, cfg)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
         batch = fake_batch(vector, actions, cfg, 6, 16)
         batch["reward"] = 2.0 * batch["obs"][..., 0] + 1.0
         for _ in range(60):
@@ -832,10 +833,8 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
 
 
-@pytest.mark.parametrize("reads_stall", [True, False])
-def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path, monkeypatch, reads_stall):
-    """On both paths: the host's check (CPU) and fused Adam's found_inf on the device (GPU)."""
-    monkeypatch.setattr(appo, "host_reads_stall", lambda device: reads_stall)
+def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path):
+    """Fused Adam's found_inf skips it, on the CPU as on a GPU, reading nothing back."""
     cfg = small_cfg(train_dir=str(tmp_path))
     learner = learner_with_weights(cfg)
     good = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
@@ -853,26 +852,33 @@ def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path
     assert learner.sgd_step(good)["skipped_steps"] == 1  # a finite step trains again
 
 
-@pytest.mark.parametrize("saved_fused, loaded_fused", [(False, True), (True, False)])
-def test_a_checkpoint_resumes_across_fused_and_plain_adam_and_the_next_step_is_taken(
-        tmp_path, monkeypatch, saved_fused, loaded_fused):
-    """A learner where host reads stall (a GPU; forced here, the CPU has fused Adam too) keeps its
-    fused Adam when it resumes a checkpoint saved by a plain one (the CPU), and the other way round:
-    torch would restore the saver's setting, and a plain Adam refuses optimizer_step's found_inf."""
+def test_a_learner_starts_from_the_weights_published_as_version_0(tmp_path):
+    """The first batches were acted by version 0, the weights the runner drew and published: the
+    learner trains those (its own draw would train other weights than acted, counted as lag 0)."""
+    cfg = small_cfg(train_dir=str(tmp_path))
+    shared = outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS))
+    published = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    assert shared.weights[0].load_into(published) == 0
+    learner = appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
+    for key, value in published.state_dict().items():
+        assert torch.equal(learner.model.state_dict()[key], value), key
+
+
+def test_a_checkpoint_of_a_plain_adam_resumes_into_fused_adam_and_the_next_step_is_taken(tmp_path):
+    """Checkpoints saved before 2026-11-28 hold a plain Adam's groups (the CPU's learner had one):
+    torch would restore that setting, and a plain Adam refuses optimizer_step's found_inf."""
     cfg = small_cfg(train_dir=str(tmp_path))
     batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
-    monkeypatch.setattr(appo, "host_reads_stall", lambda device: saved_fused)
     saved = learner_with_weights(cfg)
     saved.sgd_step(batch)
-    saved.save()
-    monkeypatch.setattr(appo, "host_reads_stall", lambda device: loaded_fused)
+    state = saved.checkpoint_state()
+    state["optimizer"]["param_groups"] = [{**group, "fused": None} for group in state["optimizer"]["param_groups"]]
+    appo.save_checkpoint(cfg, 0, state)
     resumed = learner_with_weights(cfg)
     assert resumed.policy_version == saved.policy_version
-    assert all(group["fused"] == (True if loaded_fused else None) for group in resumed.optimizer.param_groups)
+    assert all(group["fused"] for group in resumed.optimizer.param_groups)
     steps = [state["step"] for state in resumed.optimizer.state.values()]
-    assert steps and all(step.item() == 1 for step in steps)
-    if loaded_fused:
-        assert all(step.dtype == torch.float32 for step in steps)  # as fused Adam keeps it
+    assert steps and all(step.item() == 1 and step.dtype == torch.float32 for step in steps)
     stats = resumed.sgd_step(batch)
     assert stats["skipped_steps"] == 0
     assert all(state["step"].item() == 2 for state in resumed.optimizer.state.values())
@@ -982,25 +988,31 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_learner_when_its_report_is_d
 
 
 @pytest.mark.parametrize("shape", [(), (3,)])
-def test_the_normalisers_device_path_weighs_the_rows_the_host_path_selects(shape):
-    """host_reads_stall: the same statistics from rows weighed by the mask as from rows selected by
-    it, a NaN in a row left out ignored, one in a counted row leaving the batch out whole."""
+def test_the_normaliser_weighs_the_rows_it_counts_and_leaves_a_nonfinite_batch_out_whole(shape):
+    """The statistics of rows weighed by the mask are those of the rows it selects (torch's own
+    mean and variance of them), a NaN in a row left out is ignored, and one in a counted row leaves
+    the batch out whole, all without a read back (the count stays a tensor)."""
     torch.manual_seed(0)
     batch, rows = torch.randn(40, *shape) * 3 + 1, (torch.rand(40) < 0.6).float()
     batch[rows == 0] = float("nan")  # left out: must not matter
-    host, device = appo.RunningNormalizer(shape), appo.RunningNormalizer(shape)
-    host.update(batch[rows > 0])
-    mean, var, n = device.weighted_moments(batch, rows)
-    device.merge(mean, var, n)
-    assert n.item() == rows.sum().item()
-    for name in ("mean", "var", "count"):
-        torch.testing.assert_close(getattr(device, name), getattr(host, name))
+    normalizer = appo.RunningNormalizer(shape)
+    mean, var, n = normalizer.moments(batch, rows)
+    assert torch.is_tensor(n) and n.item() == rows.sum().item()
+    selected = batch[rows > 0]
+    torch.testing.assert_close(mean, selected.mean(0))
+    torch.testing.assert_close(var, selected.var(0, correction=0))
+    normalizer.update(batch, rows=rows)
+    torch.testing.assert_close(normalizer.mean, selected.mean(0) * n / (n + 1e-4))
     poisoned = batch.clone()
     poisoned[int(rows.nonzero()[0])] = float("nan")
-    before = {name: getattr(device, name).clone() for name in ("mean", "var", "count")}
-    device.merge(*device.weighted_moments(poisoned, rows))
+    before = {name: getattr(normalizer, name).clone() for name in ("mean", "var", "count")}
+    normalizer.update(poisoned, rows=rows)
     for name, value in before.items():
-        assert torch.equal(getattr(device, name), value), name
+        assert torch.equal(getattr(normalizer, name), value), name
+    pixels = torch.randint(0, 256, (16, *shape), dtype=torch.uint8)
+    mean, var, n = normalizer.moments(pixels, None)
+    assert n.item() == 16
+    torch.testing.assert_close(var, pixels.float().var(0, correction=0))
 
 
 def test_transitions_older_than_max_policy_lag_are_masked_out():

@@ -18,7 +18,7 @@ import torch
 from gymnasium import spaces
 
 import appo
-from conftest import gather_slots
+from conftest import gather_slots, outside_a_run
 
 ON_CPU = os.environ.get("APPO_CUDA_TESTS_ON_CPU") == "1" and not torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU),
@@ -67,7 +67,7 @@ def learner_publishes(weights, cfg, results):
     """As Learner.train_step does: train, then publish; reports its own forward pass."""
     torch.manual_seed(11)
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg).to(CUDA)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)
     for _ in range(3):  # weights that no fresh model has
         logits, values, _ = model(random_obs(16, seed=1), torch.zeros(16, appo.rnn_state_size(cfg), device=CUDA))
         (logits.square().mean() + values.square().mean()).backward()
@@ -195,7 +195,7 @@ def test_pinned_non_blocking_batches_arrive_intact_though_the_slots_are_reused_a
     specs = appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     slots_per_batch = cfg.batch_size // cfg.rollout
     slots = appo.RolloutSlots(specs, num_slots=2 * slots_per_batch, rollout=cfg.rollout, num_workers=1, num_splits=1)
-    learner = appo.Learner(0, cfg, types.SimpleNamespace(slots=slots), (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS), slots=slots), (IMAGE_AND_VECTOR, TWO_HEADS))
     generator = torch.Generator().manual_seed(0)
     for round_ in range(5):
         taken = [slots.control.acquire(0, timeout=1.0) for _ in range(slots_per_batch)]
@@ -360,7 +360,7 @@ def test_a_learner_step_on_the_gpu_waits_for_it_at_most_once_when_no_report_is_d
 # ---------------------------------------------------------------------------------------------
 
 def trained_learner(cfg) -> appo.Learner:
-    learner = appo.Learner(0, cfg, None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     torch.manual_seed(5)
     obs = random_obs(8, seed=4, device=learner.device)
     logits, values, _ = learner.model(obs, torch.zeros(8, appo.rnn_state_size(cfg), device=learner.device))
@@ -371,18 +371,17 @@ def trained_learner(cfg) -> appo.Learner:
 
 @pytest.mark.parametrize("saved_on, loaded_on", [("cuda", "cpu"), ("cpu", "cuda")])
 def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_path, monkeypatch, saved_on, loaded_on):
-    """Adam's state and the learner's fused Adam (where reads stall) survive the move: a plain
-    Adam's checkpoint resumed by a fused one takes a step, and the other way round."""
+    """The weights and fused Adam's state survive the move (its step counts too, which fused Adam
+    needs on the parameters' device), and the resumed learner takes a step."""
     def learner_on(side):
-        if ON_CPU:  # the dry run: the CPU stands in for the GPU, whose reads stall (so its Adam is fused)
-            monkeypatch.setattr(appo, "host_reads_stall", lambda device: side == "cuda")
         return gpu_cfg(tmp_path, device=CUDA.type if side == "cuda" else "cpu")
 
     saved = trained_learner(learner_on(saved_on))
     saved.save()
-    resumed = appo.Learner(0, learner_on(loaded_on), None, (IMAGE_AND_VECTOR, TWO_HEADS))
+    loaded_cfg = learner_on(loaded_on)
+    resumed = appo.Learner(0, loaded_cfg, outside_a_run(loaded_cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     loaded_on = resumed.device.type
-    assert resumed.optimizer.defaults["fused"] == (True if appo.host_reads_stall(resumed.device) else None)
+    assert all(group["fused"] for group in resumed.optimizer.param_groups)
     assert resumed.policy_version == 3 and resumed.env_frames == 1234
     for key, value in saved.model.state_dict().items():
         assert resumed.model.state_dict()[key].device.type == loaded_on
@@ -398,7 +397,8 @@ def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_pa
 
 def test_evaluation_on_the_gpu_plays_a_checkpoint_trained_on_the_cpu(tmp_path, capsys):
     cfg = appo.parse_args(["--env", "doom_basic", "--device", "cpu", "--train_dir", str(tmp_path)])
-    learner = appo.Learner(0, cfg, None, appo.probe_env(cfg).spaces)
+    spaces_pair = appo.probe_env(cfg).spaces
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, spaces_pair), spaces_pair)
     learner.save()
     code = appo.main(["--mode", "eval", "--env", "doom_basic", "--device", CUDA.type, "--train_dir", str(tmp_path),
                       "--max_num_episodes", "2"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import appo
-from conftest import processes_still_tagged
+from conftest import outside_a_run, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ def save_untrained_policy(train_dir, env_name: str, *flags: str) -> str:
     """A checkpoint written by the learner's own code, as a training run would leave it."""
     cfg = appo.parse_args(["--env", env_name, "--train_dir", str(train_dir), "--experiment", "played", *flags])
     spaces_pair = appo.probe_env(cfg).spaces
-    learner = appo.Learner(0, cfg, None, spaces_pair)
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, spaces_pair), spaces_pair)
     learner.policy_version, learner.env_frames = 7, 1234
     return appo.save_checkpoint(cfg, 0, learner.checkpoint_state())
 
