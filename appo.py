@@ -91,13 +91,6 @@ def add_research_flags(parser: argparse.ArgumentParser):
                             f"({encoder_activations()})")
     model.add_argument("--normalize_input", action="switch", default=False,
                        help="normalise each observation element by its running mean and std")
-    # auto rather than float32: on this project's learning bench bfloat16 showed no score cost at equal
-    # frames on doom_basic and atari_space_invaders, and it trains faster (docs/results/ablations.md)
-    model.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
-                       help="precision of the encoder (convs and the FC after them), which is most of the compute; "
-                            "the RNN, heads, losses and the weights themselves stay float32. auto: bfloat16 where "
-                            "the hardware computes it natively (CPUs whose flags list avx512_bf16 or amx_bf16, "
-                            "GPUs from Ampere on), float32 elsewhere (where bf16 would only be emulated too)")
 
     algo = parser.add_argument_group("algorithm")
     positive(algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)"))
@@ -319,13 +312,6 @@ def action_distribution(action_space: spaces.Space) -> ActionDistribution:
     return MixedHeads(Categoricals(heads), DiagonalGaussian(dims))
 
 
-def obs_shapes(obs_space: spaces.Space) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Observation keys with their per-step shape and dtype; a plain Box is the key 'obs'."""
-    if isinstance(obs_space, spaces.Dict):
-        return {key: (tuple(space.shape), np.dtype(space.dtype)) for key, space in obs_space.spaces.items()}
-    return {"obs": (tuple(obs_space.shape), np.dtype(obs_space.dtype))}
-
-
 def rnn_state_size(cfg) -> int:
     return {"gru": cfg.hidden_size, "lstm": 2 * cfg.hidden_size, "none": 1}[cfg.rnn_type]
 
@@ -461,28 +447,23 @@ NONLINEARITIES = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 class ActorCritic(nn.Module):
     """Encoder -> (GRU | LSTM | nothing) -> action head (Categoricals, DiagonalGaussian or
-    MixedHeads) + value.
-
-    Images (uint8, CHW) go through the --encoder conv net; 1-D float observations (Doom's game
-    variables, a gym: env's state) through an MLP (--encoder_mlp_layers); the features are
-    concatenated and go through one FC layer (--hidden_size). An "action_mask" observation is no
-    input: it masks the discrete heads' logits (mask_logits), in acting, in the loss and in evaluation.
+    MixedHeads) + value. Images (uint8, CHW) go through the --encoder conv net, vectors (Doom's game
+    variables, a gym: env's state) through an MLP (--encoder_mlp_layers), their features through one
+    FC layer (--hidden_size). An "action_mask" observation masks the discrete heads' logits.
 
     The contract: what the rest of the file calls on the model, which a replacement must keep.
     - forward(obs, rnn_state) -> (logits, values, next_rnn_state): one step of N envs (policy
       workers, evaluation); forward_rollout(obs, first_rnn_state, dones) -> (logits, values) over
       [T+1, B] trajectories (the loss). Tests check that the two agree.
-    - encoders: keyed by observation name; its keys are the observations that the policy workers
-      and the learner read from the slots (obs_shapes gives the same keys from the space). The
-      action mask's entry is an nn.Identity that encode() skips: it is read, not encoded.
+    - encoders: keyed by the observations the slots hold (obs_shapes' keys); the action mask's
+      entry is an nn.Identity that encode() skips. With fc, the layers a policy worker holds in
+      --encoder_dtype (encoder_in_compute_dtype).
     - action_dist: the distribution over policy_head's output (sample, mode, log_prob, entropy).
     - rnn_state_size(cfg): the floats of recurrent state per env that the slots carry.
     - update_normalizers(obs): the learner, once per batch; normalize_returns, returns_normalizer
       and values_to_returns: the losses, with --normalize_returns.
-    - encoders and fc: the encoder's layers, which a policy worker holds in --encoder_dtype (it
-      never trains: encoder_in_compute_dtype).
-    - state_dict(): its keys, order and shapes are the layout of the published weights
-      (SharedWeights) and of checkpoints; MODEL_FLAGS lists the flags that fix them.
+    - state_dict(): the layout of the published weights (SharedWeights) and of checkpoints;
+      MODEL_FLAGS lists the flags that fix it.
     """
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, cfg):
@@ -558,12 +539,7 @@ class ActorCritic(nn.Module):
                 if key == ACTION_MASK:
                     continue
                 scale = 1.0 / 255.0 if obs[key].dtype == torch.uint8 else 1.0
-                x = obs[key]
-                if x.dim() == 4:  # images to channels-last (oneDNN's fast conv layout), bytes first: cheaper;
-                    # straight to the conv's dtype, which saves a float32 pass over the batch
-                    x = x.permute(0, 2, 3, 1).contiguous().to(self.encoder_dtype, copy=True).permute(0, 3, 1, 2)
-                else:
-                    x = x.to(torch.float32, copy=True)  # ours, so it is scaled in place below
+                x = encoder_input(obs[key], self.encoder_dtype)  # a copy: scaled in place
                 if self.normalize_input:
                     x = self.obs_normalizers[key](x, scale, inplace=True)
                 elif scale != 1.0:
@@ -867,41 +843,6 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
                   "targets": targets, "mask": mask, "lag": lag}
 
 
-@torch.no_grad()
-def loss_stats(model: ActorCritic, aux: dict, cfg) -> dict:
-    """The figures the status line and TensorBoard show of a step, from appo_loss's aux: its numbers
-    (0-dim tensors or floats) as they are, so a term of your own put there reaches TensorBoard as
-    pN/NAME, and from its per-step tensors the valid share, the policy lag and PPO's health. The
-    learner asks about once a second: they cost dozens of small kernels."""
-    stats = {name: value.detach() if torch.is_tensor(value) else value for name, value in aux.items()
-             if not torch.is_tensor(value) or value.dim() == 0}
-    if "mask" not in aux:  # a loss of your own that keeps only its numbers
-        return stats
-    mask, lag, log_probs, behaviour_log_probs = aux["mask"], aux["lag"], aux["log_probs"], aux["behaviour_log_probs"]
-    return {**stats, "valid_fraction": mask.mean(),
-            "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask),
-            "value_mean": masked_mean(model.values_to_returns(aux["values"]), mask),
-            "lag_min": lag.min().float(), "lag_avg": lag.float().mean(), "lag_max": lag.max().float(),
-            **ppo_health(log_probs, behaviour_log_probs, aux["values"], aux["targets"], mask, cfg.ppo_clip_ratio)}
-
-
-def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, torch.Tensor]:
-    """The three numbers PPO users look at first (CleanRL, Stable-Baselines3): how far the policy
-    moved from the one that acted (approx_kl, the (r - 1) - log r estimator), the share of steps
-    whose ratio the clip bounds (clip_fraction), and how much of the targets' variance the values
-    explain (explained_variance: 1 is perfect, 0 no better than their mean, below 0 worse)."""
-    log_ratio = log_probs - behaviour_log_probs
-    ratio = log_ratio.exp()
-    clipped = (ratio < 1.0 / (1.0 + clip_ratio)) | (ratio > 1.0 + clip_ratio)
-    target_mean = masked_mean(targets, mask)
-    target_var = masked_mean((targets - target_mean) ** 2, mask)
-    error = targets - values
-    error_var = masked_mean((error - masked_mean(error, mask)) ** 2, mask)
-    explained = torch.where(target_var > 0, 1.0 - error_var / target_var, float("nan"))
-    return {"approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
-            "clip_fraction": masked_mean(clipped.float(), mask), "explained_variance": explained}
-
-
 def scheduled_learning_rate(cfg, env_frames: int) -> float | None:
     """--lr_schedule linear_decay: the (PBT-mutable) learning rate times the share of
     --lr_decay_frames still to train; None for a constant rate (the optimiser keeps its own)."""
@@ -941,8 +882,8 @@ def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: t
     """One clipped Adam step on `loss`, skipped if the loss or gradient is not finite. Returns
     (the gradient's norm, 1.0 if the step was skipped else 0.0), both 0-dim tensors.
 
-    The optimizer decides to skip by itself, reading nothing back: torch's fused Adam takes a
-    `found_inf` tensor (what its GradScaler hands it) and leaves weights and moments alone at 1."""
+    The optimizer skips by itself, so nothing is read back: the learner's Adam (one kernel for every
+    parameter) takes the flag as torch's GradScaler hands it, and at 1 leaves weights and moments be."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -1130,6 +1071,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "waits on, run first; a worker and its games then hand each step over on one core "
                              "(the Doom family's default: docs/measurements.md)")
 
+    # auto rather than float32: on this project's learning bench bfloat16 showed no score cost at equal
+    # frames on doom_basic and atari_space_invaders, and it trains faster (docs/results/ablations.md)
+    system.add_argument("--encoder_dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                        help="precision of the encoder (convs and the FC after them), which is most of the compute; "
+                             "the RNN, heads, losses and the weights themselves stay float32. auto: bfloat16 where "
+                             "the hardware computes it natively (CPUs whose flags list avx512_bf16 or amx_bf16, "
+                             "GPUs from Ampere on), float32 elsewhere (where bf16 would only be emulated too)")
     system.add_argument("--compile", action="switch", default=False,
                         help="torch.compile the model's encoder (the convolutions, most of the compute) in the "
                              "policy workers and the learners: the same code, fused by the compiler; each of "
@@ -1469,6 +1417,15 @@ def beating(run: "RunState", process_index: int, every_s: float = 1.0):
         thread.join()
 
 
+def encoder_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation as the encoder takes it, a copy of its own: images [N, C, H, W] in `dtype`
+    and channels-last memory (oneDNN's fast conv layout), converted bytes first, which saves a
+    float32 pass over the batch; vectors in float32."""
+    if x.dim() == 4:
+        return x.permute(0, 2, 3, 1).contiguous().to(dtype, copy=True).permute(0, 3, 1, 2)
+    return x.to(torch.float32, copy=True)
+
+
 def encoder_in_compute_dtype(model: "ActorCritic") -> "ActorCritic":
     """Policy workers only (they never train): the encoder's weights held in bfloat16 when it
     computes in bfloat16, so autocast does not convert them again at every forward pass."""
@@ -1641,25 +1598,59 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
 
 class StageTimes:
     """Seconds a process spent in each stage of its loop since the last take(), for the status
-    line's split of busy time: `with times("forward"): ...`."""
+    line's split of busy time and the perf/ tags: `with times("forward"): ...`. Each stage keeps
+    its own clock, so two threads may time two stages at once. The stages named in `gpu_stages`
+    (give them on a GPU only) also record CUDA events around each run, and take() adds the GPU time
+    of the runs finished by then as "<stage>_gpu": the wall clock times only the launches."""
 
-    def __init__(self, *stages: str):
-        self.seconds = dict.fromkeys(stages, 0.0)
-        self.stage, self.started = stages[0], 0.0
+    def __init__(self, *stages: str, gpu_stages: tuple[str, ...] = ()):
+        self.stages = {stage: Stage(stage in gpu_stages) for stage in stages}
 
-    def __call__(self, stage: str) -> "StageTimes":
-        self.stage = stage
-        return self
+    def __call__(self, stage: str) -> "Stage":
+        return self.stages[stage]
+
+    def take(self) -> dict[str, float]:
+        seconds = {}
+        for name, stage in self.stages.items():
+            seconds[name], gpu_seconds = stage.take()
+            if gpu_seconds is not None:
+                seconds[f"{name}_gpu"] = gpu_seconds
+        return seconds
+
+
+class Stage:
+    def __init__(self, on_gpu: bool):
+        self.seconds, self.started, self.gpu_seconds = 0.0, 0.0, 0.0
+        self.start_event, self.runs = None, [] if on_gpu else None  # runs: (start, end) events not yet read
 
     def __enter__(self):
         self.started = time.perf_counter()
+        if self.runs is not None:
+            self.start_event = torch.cuda.Event(enable_timing=True)
+            self.start_event.record()
 
     def __exit__(self, *error):
-        self.seconds[self.stage] += time.perf_counter() - self.started
+        if self.runs is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.runs.append((self.start_event, end))
+            if len(self.runs) > 64:  # where no one takes the times (--serial_mode), the list stays short
+                self.read_finished_runs()
+        self.seconds += time.perf_counter() - self.started
 
-    def take(self) -> dict[str, float]:
-        seconds, self.seconds = self.seconds, dict.fromkeys(self.seconds, 0.0)
-        return seconds
+    def read_finished_runs(self):
+        finished = [end.query() for _, end in self.runs]
+        milliseconds = sum(start.elapsed_time(end) for (start, end), done in zip(self.runs, finished) if done)
+        self.gpu_seconds += milliseconds / 1000.0
+        self.runs = [run for run, done in zip(self.runs, finished) if not done]
+
+    def take(self) -> tuple[float, float | None]:
+        seconds, self.seconds = self.seconds, 0.0
+        if self.runs is None:
+            return seconds, None
+        self.read_finished_runs()
+        gpu_seconds, self.gpu_seconds = self.gpu_seconds, 0.0
+        return seconds, gpu_seconds
 
 
 def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
@@ -1830,7 +1821,16 @@ class SyncGate:
         return released
 
 
-# Action spaces as the policy sees them: a space's parts and heads, and the check on an action mask.
+# Spaces as the policy sees them: the observation's keys, an action space's parts and heads, and
+# the check on an action mask.
+
+def obs_shapes(obs_space: spaces.Space) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Observation keys with their per-step shape and dtype; a plain Box is the key 'obs'."""
+    if isinstance(obs_space, spaces.Dict):
+        return {key: (tuple(space.shape), np.dtype(space.dtype)) for key, space in obs_space.spaces.items()}
+    return {"obs": (tuple(obs_space.shape), np.dtype(obs_space.dtype))}
+
+
 ACTION_SPACES = "Discrete, MultiDiscrete, MultiBinary, Box, or a Tuple or Dict of them"
 
 
@@ -1978,7 +1978,7 @@ class RolloutWorker:
                             for env_id in sorted({a.env_id for a in actors})] for actors in self.split_actors]
         self.action_space = self.envs[0].action_space
         self.obs_keys = list(obs_shapes(self.envs[0].observation_space))
-        self.env_step_s = 0.0  # time spent stepping envs since the last timing report
+        self.times = StageTimes("step")  # stepping envs, for the runner's share of busy time
         self.resend_epoch = int(shared.run.resend_epoch[0])
         self.episodes_per_env = [0] * len(self.envs)
         self.past_policy = past_policy_id(cfg)
@@ -2102,15 +2102,14 @@ class RolloutWorker:
         for env_id, env_actors in self.split_envs[split]:
             env = self.envs[env_id]
             actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
-            start = time.perf_counter()
             try:
-                obs, rewards, dones, infos = env.step(actions)
-                if all(dones):
-                    obs = env.reset()
+                with self.times("step"):
+                    obs, rewards, dones, infos = env.step(actions)
+                    if all(dones):
+                        obs = env.reset()
             except Exception as error:
                 self.replace_env(env_id, env_actors, error)
                 continue
-            self.env_step_s += time.perf_counter() - start
             frames += self.cfg.env_frameskip * len(env_actors)  # every agent's frames, as the learner counts them
             for actor in env_actors:
                 self.record_step(actor, obs[actor.agent], rewards[actor.agent], dones[actor.agent], infos[actor.agent])
@@ -2217,8 +2216,7 @@ class RolloutWorker:
             if worked is False:
                 return
             if worked and time.monotonic() - last_report > 2.0:
-                self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.env_step_s})
-                self.env_step_s = 0.0
+                self.shared.stats_queue.put({"type": "timing", "component": "env", "busy_s": self.times.take()["step"]})
                 last_report = time.monotonic()
 
     def resend_lost_requests(self):
@@ -2295,10 +2293,9 @@ class PolicyWorker:
                                      self.device)
         self.version = -1
         # the runner's split of this worker's time ("wait" is policy_worker_main's), and its batches
-        self.times = StageTimes("wait", "gather", "forward", "copy_back", "write", *["forward_gpu"] * self.on_gpu)
+        self.times = StageTimes("wait", "gather", "forward", "copy_back", "write",
+                                gpu_stages=("forward",) if self.on_gpu else ())
         self.acted = Counter()
-        # on a GPU: CUDA events around the forward pass, for its GPU time (the wall clock times the launches)
-        self.forward_events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.on_gpu else None
 
     def load_latest_weights(self):
         if self.weights.version != self.version:
@@ -2332,8 +2329,6 @@ class PolicyWorker:
         with times("copy_back"):
             if self.on_gpu:
                 outputs = self.staging.to_host(outputs)
-        if self.forward_events is not None:  # to_host waited for them
-            times.seconds["forward_gpu"] += self.forward_events[0].elapsed_time(self.forward_events[1]) / 1000.0
         with times("write"):
             # Checked again just before writing: a request that went stale during inference must not
             # overwrite what its split's new answer wrote (that window stays, a few instructions wide).
@@ -2347,11 +2342,7 @@ class PolicyWorker:
 
     def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor) -> list[torch.Tensor]:
         """act() on a batch: its outputs in the staging's order (the slot fields, then the next states)."""
-        if self.forward_events is not None:
-            self.forward_events[0].record()
         outputs, next_state = act(self.model, obs, rnn_state)
-        if self.forward_events is not None:
-            self.forward_events[1].record()
         return [*(outputs[name] for name in self.staging.fields), next_state]
 
     def warm_up(self):
@@ -2481,6 +2472,43 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
 
 
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
+
+
+@torch.no_grad()
+def loss_stats(model: ActorCritic, aux: dict, cfg) -> dict:
+    """The figures the status line and TensorBoard show of a step, from appo_loss's aux: its numbers
+    (0-dim tensors or floats) as they are, so a term of your own put there reaches TensorBoard as
+    pN/NAME, and from its per-step tensors the valid share, the policy lag and PPO's health. The
+    learner asks about once a second: they cost dozens of small kernels."""
+    stats = {name: value.detach() if torch.is_tensor(value) else value for name, value in aux.items()
+             if not torch.is_tensor(value) or value.dim() == 0}
+    if "mask" not in aux:  # a loss of your own that keeps only its numbers
+        return stats
+    mask, lag, log_probs, behaviour_log_probs = aux["mask"], aux["lag"], aux["log_probs"], aux["behaviour_log_probs"]
+    return {**stats, "valid_fraction": mask.mean(),
+            "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask),
+            "value_mean": masked_mean(model.values_to_returns(aux["values"]), mask),
+            "lag_min": lag.min().float(), "lag_avg": lag.float().mean(), "lag_max": lag.max().float(),
+            **ppo_health(log_probs, behaviour_log_probs, aux["values"], aux["targets"], mask, cfg.ppo_clip_ratio)}
+
+
+def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, torch.Tensor]:
+    """The three numbers PPO users look at first (CleanRL, Stable-Baselines3): how far the policy
+    moved from the one that acted (approx_kl, the (r - 1) - log r estimator), the share of steps
+    whose ratio the clip bounds (clip_fraction), and how much of the targets' variance the values
+    explain (explained_variance: 1 is perfect, 0 no better than their mean, below 0 worse)."""
+    log_ratio = log_probs - behaviour_log_probs
+    ratio = log_ratio.exp()
+    clipped = (ratio < 1.0 / (1.0 + clip_ratio)) | (ratio > 1.0 + clip_ratio)
+    target_mean = masked_mean(targets, mask)
+    target_var = masked_mean((targets - target_mean) ** 2, mask)
+    error = targets - values
+    error_var = masked_mean((error - masked_mean(error, mask)) ** 2, mask)
+    explained = torch.where(target_var > 0, 1.0 - error_var / target_var, float("nan"))
+    return {"approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+            "clip_fraction": masked_mean(clipped.float(), mask), "explained_variance": explained}
+
+
 # How often the learner reads its loss statistics back (on a GPU each read waits for the queued
 # kernels); the runner shows the latest every --report_every_sec.
 LEARNER_STATS_EVERY_S = 1.0
@@ -2642,10 +2670,8 @@ class Learner:
         # on the device, read when a report is due (sgd_step)
         self.skipped_steps = self.nonfinite_in_a_row = torch.zeros((), device=self.device)
         self.last_save, self.next_stats_at = time.monotonic(), 0.0
-        self.stage_s = dict.fromkeys(["wait", "copy", "sgd", "publish"], 0.0)  # since the last report to the runner
-        # on a GPU: CUDA events around the last SGD work, for its GPU time (the wall clock times the launches)
-        self.sgd_events = (tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))
-                           if self.device.type == "cuda" else None)
+        self.times = StageTimes("wait", "copy", "sgd", "publish",
+                                gpu_stages=("sgd",) if self.device.type == "cuda" else ())
         self.buffer_sets: list[BatchBuffers] = []  # take_batch's, made at the first batch
         self.batches_taken = 0
         self.batcher_stop = threading.Event()
@@ -2731,17 +2757,16 @@ class Learner:
         The batcher fills buffers only while the learner waits for a batch, so a set is never
         refilled under a step reading it; the second set covers the one batch the batcher may
         copy ahead (the learner's wait timed out just as a batch was being handed over)."""
-        started = time.perf_counter()
-        index = torch.as_tensor(slot_indices, dtype=torch.long)
-        if not self.buffer_sets or self.buffer_sets[0].host["done"].shape[0] != len(index):
-            dones_on_host = host_reads_stall(self.device)  # then a batch brings its dones on the host too (done_host)
-            self.buffer_sets = [BatchBuffers(self.shared.slots.tensors, len(index), self.device, dones_on_host)
-                                for _ in range(2)]
-        buffers = self.buffer_sets[self.batches_taken % 2]
-        self.batches_taken += 1
-        batch = buffers.fill(self.shared.slots.tensors, index)
-        self.shared.slots.control.release(slot_indices)
-        self.stage_s["copy"] += time.perf_counter() - started  # the learner is waiting: no one else writes stage_s
+        with self.times("copy"):
+            index = torch.as_tensor(slot_indices, dtype=torch.long)
+            if not self.buffer_sets or self.buffer_sets[0].host["done"].shape[0] != len(index):
+                dones_on_host = host_reads_stall(self.device)  # then a batch brings its dones on the host too
+                self.buffer_sets = [BatchBuffers(self.shared.slots.tensors, len(index), self.device, dones_on_host)
+                                    for _ in range(2)]
+            buffers = self.buffer_sets[self.batches_taken % 2]
+            self.batches_taken += 1
+            batch = buffers.fill(self.shared.slots.tensors, index)
+            self.shared.slots.control.release(slot_indices)
         return batch
 
     def next_batch(self, timeout: float):
@@ -2754,14 +2779,12 @@ class Learner:
         for extra in EXTRAS:
             extra.before_sgd(self)
         self.apply_lr_schedule()
-        started = time.perf_counter()
-        stats = self.sgd_step(batch, report)
+        with self.times("sgd"):
+            stats = self.sgd_step(batch, report)
         self.policy_version += 1
         self.env_frames += samples_per_iteration(self.cfg) * self.cfg.env_frameskip * self.cfg.world_size  # all ranks
-        trained = time.perf_counter()
-        self.shared.weights[self.policy_id].publish(self.model, self.policy_version)
-        self.stage_s["sgd"] += trained - started
-        self.stage_s["publish"] += time.perf_counter() - trained
+        with self.times("publish"):
+            self.shared.weights[self.policy_id].publish(self.model, self.policy_version)
         self.shared.run.learner_frames[self.policy_id] = self.env_frames
         self.shared.run.learner_version[self.policy_id] = self.policy_version
         return stats
@@ -2777,15 +2800,11 @@ class Learner:
         steps took (with --lr_schedule linear_decay it falls; TensorBoard shows it), all read
         back in one go, and stops the run after too many skipped steps in a row; else {}."""
         steps = self.cfg.num_epochs * self.cfg.num_batches_per_epoch
-        if self.sgd_events is not None:
-            self.sgd_events[0].record()
         batch = dict(batch)
         dones_host = batch.pop("done_host", None)  # BatchBuffers' host copy, where host reads stall
         if self.segments is not None:
             self.segments.use(batch["done"], dones_host)
         aux, skipped = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg)
-        if self.sgd_events is not None:
-            self.sgd_events[1].record()
         self.skipped_steps = self.skipped_steps + skipped
         # a batch whose every step was skipped extends the run of skipped steps; any step taken ends it
         self.nonfinite_in_a_row = (self.nonfinite_in_a_row + skipped) * (skipped == steps)
@@ -2845,19 +2864,11 @@ class Learner:
             self.next_stats_at = start + LEARNER_STATS_EVERY_S
         stats = self.train_step(batch, report)
         self.shared.stats_queue.put({"type": "learner", "policy_id": self.policy_id,
-                                     "train_s": time.perf_counter() - start, "stages": self.take_stage_times(),
+                                     "train_s": time.perf_counter() - start, "stages": self.times.take(),
                                      "policy_version": self.policy_version, **stats})
         if time.monotonic() - self.last_save > self.cfg.save_every_sec:
             self.save()
             self.last_save = time.monotonic()
-
-    def take_stage_times(self) -> dict[str, float]:
-        """Seconds spent waiting for a batch, copying it, in SGD and publishing since the last call;
-        on a GPU also the SGD's own GPU time ("sgd_gpu"), from CUDA events that publish's wait has passed."""
-        stages, self.stage_s = self.stage_s, dict.fromkeys(self.stage_s, 0.0)
-        if self.sgd_events is not None:
-            stages["sgd_gpu"] = self.sgd_events[0].elapsed_time(self.sgd_events[1]) / 1000.0
-        return stages
 
     def train_loop(self, process_index: int, parent: int):
         while True:
@@ -2865,14 +2876,15 @@ class Learner:
             stop = self.shared.run.should_stop() or not parent_alive(parent)
             batch = None
             if not stop:
-                waiting = time.perf_counter()
-                copied_before = self.stage_s["copy"]
+                copy, wait = self.times("copy"), self.times("wait")
+                copied_before = copy.seconds
                 try:
-                    batch = self.next_batch(timeout=0.5)
+                    with wait:
+                        batch = self.next_batch(timeout=0.5)
                 except queue.Empty:
                     continue
                 finally:  # the batcher copies while the learner waits: that part counts as copying
-                    self.stage_s["wait"] += time.perf_counter() - waiting - (self.stage_s["copy"] - copied_before)
+                    wait.seconds -= copy.seconds - copied_before
             for extra in EXTRAS:  # torchrun: every rank trains this step, or every rank stops
                 stop = extra.stop_now(self, stop)
             if stop:

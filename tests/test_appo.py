@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import types
 import uuid
@@ -798,21 +799,23 @@ def learner_with_weights(cfg) -> appo.Learner:
     return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
 
 
+@pytest.mark.parametrize("reads_stall", [True, False])
 @pytest.mark.parametrize("with_vtrace", [True, False])
-def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tmp_path, monkeypatch, with_vtrace):
+def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tmp_path, monkeypatch, with_vtrace,
+                                                                               reads_stall):
     """gpu-analysis: a learner step on the H200 waited for the GPU about 20 times (statistics'
     .item(), the finite check, the return normaliser's boolean index, publish). Where reads stall
-    (a GPU: here forced on the CPU, whose fused Adam takes the same found_inf), a step of four SGD
-    steps reads once, to publish; a step whose report is due reads its statistics once more. Its
-    RNN runs over episode segments planned from the batch's host copy of the dones (the cell steps
-    only for GAE's bootstrap).
+    (a GPU: here forced on the CPU), a step of four SGD steps reads once, to publish; a step whose
+    report is due reads its statistics once more. Its RNN runs over episode segments planned from
+    the batch's host copy of the dones (the cell steps only for GAE's bootstrap). On the CPU the
+    same step reads as little: the optimizer's skip and the normalisers are one path everywhere.
 
     What it counts is calls to the patched Tensor methods above, on the CPU: a read they do not
     cover (torch.nonzero, np.asarray of a tensor, a sync inside a kernel) goes unseen. The GPU's
     real synchronisations are counted by tests/test_cuda.py's
     test_a_learner_step_on_the_gpu_waits_for_it_at_most_once_when_no_report_is_due (torch's sync
     debug mode), which passed on an H200 on 2026-11-28."""
-    monkeypatch.setattr(appo, "host_reads_stall", lambda device: True)
+    monkeypatch.setattr(appo, "host_reads_stall", lambda device: reads_stall)
     cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=with_vtrace, num_epochs=2, num_batches_per_epoch=2,
                     normalize_returns=True, normalize_input=True)
     learner = learner_with_weights(cfg)
@@ -820,7 +823,8 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     trajectories = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
     trajectories["done"][2, 1] = trajectories["done"][3, 3] = 1.0
     batch = as_take_batch_hands_it_over(trajectories, learner.device)
-    assert np.array_equal(batch["done_host"], trajectories["done"].numpy())
+    if reads_stall:
+        assert np.array_equal(batch["done_host"], trajectories["done"].numpy())
     cell_steps, core_step = [], learner.model.core_step
     monkeypatch.setattr(learner.model, "core_step", lambda *args: cell_steps.append(1) or core_step(*args))
     reads = record_host_reads(monkeypatch)
@@ -830,7 +834,8 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     stats = learner.train_step(batch, report=True)
     assert reads == ["tolist", "publish"]
     assert isinstance(stats["loss"], float) and stats["skipped_steps"] == 0 and learner.policy_version == 2
-    assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
+    if reads_stall:
+        assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
 
 
 def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path):
@@ -985,6 +990,24 @@ def test_too_many_nonfinite_steps_in_a_row_stop_the_learner_when_its_report_is_d
         assert learner.sgd_step(bad, report=False) == {}  # not read back: no report is due
     with pytest.raises(appo.NonFiniteLoss, match=f"{appo.MAX_NONFINITE_STEPS} steps in a row had a non-finite loss"):
         learner.sgd_step(bad, report=True)
+
+
+def test_stage_times_keep_a_clock_per_stage_so_two_threads_time_two_stages_at_once():
+    """The learner's batcher thread times "copy" while the learner thread times "wait": each stage's
+    seconds are its own, and take() hands them over and starts again from 0."""
+    times = appo.StageTimes("wait", "copy")
+
+    def copy():
+        with times("copy"):
+            time.sleep(0.2)
+
+    batcher = threading.Thread(target=copy)
+    with times("wait"):
+        batcher.start()
+        batcher.join()
+    taken = times.take()
+    assert set(taken) == {"wait", "copy"} and taken["copy"] >= 0.19 and taken["wait"] >= 0.19
+    assert times.take() == {"wait": 0.0, "copy": 0.0}
 
 
 @pytest.mark.parametrize("shape", [(), (3,)])

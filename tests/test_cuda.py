@@ -222,6 +222,20 @@ def test_pinned_non_blocking_batches_arrive_intact_though_the_slots_are_reused_a
             slots.control.release(taken)
 
 
+@pytest.mark.skipif(ON_CPU, reason="CUDA events need a GPU")
+def test_a_gpu_stage_reports_the_gpu_time_of_its_finished_runs():
+    """StageTimes' gpu_stages: the learner's "sgd_gpu" and the policy worker's "forward_gpu"."""
+    times = appo.StageTimes("sgd", "publish", gpu_stages=("sgd",))
+    x = torch.randn(2048, 2048, device=CUDA)
+    for _ in range(3):
+        with times("sgd"):
+            x = (x @ x).tanh_()
+    torch.cuda.synchronize()
+    taken = times.take()
+    assert set(taken) == {"sgd", "sgd_gpu", "publish"} and taken["sgd_gpu"] > 0.0
+    assert times.take()["sgd_gpu"] == 0.0
+
+
 def test_a_learner_step_on_the_gpu_trains_on_a_batch_from_the_slots(tmp_path):
     cfg = gpu_cfg(tmp_path, encoder_dtype="bfloat16")
     specs = appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
