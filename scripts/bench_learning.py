@@ -719,7 +719,9 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "ablations/sf_doom_batch_512_area_resize": "the README",
                  "heldout": "the held-out tables, the README",
                  "gym": "the gym: table",
-                 "pettingzoo": "the pz: table"}
+                 "pettingzoo": "the pz: table",
+                 "repin_2026-11-28/after_70ed530": "the re-pin table",
+                 "repin_2026-11-28/before_e4fc108": "the re-pin table"}
 CONTENTION_HEADER = ["| env | trainer | configuration | seeds | CPU elsewhere | kept in |",
                      "|---|---|---|---|---|---|"]
 

@@ -9,6 +9,12 @@ at each commit, and the SHA-256 of the final checkpoint's weights and Adam state
 The older commit is checked out into a temporary git worktree (deleted afterwards), with the C++
 module built there unless csrc/ is the same at both commits (then this checkout's is copied).
 Prints one line a configuration, SAME or DIFFERENT, and exits 1 if any differs.
+
+Re-pins: commits that changed what a seeded run computes on purpose, each shown harmless by the
+learning bench. Compare a refactor against a commit at or after the latest.
+- 70ed530 (2026-11-28, issue 58): one path on every device for the normalisers' moments and the
+  optimizer's non-finite skip (fused Adam), and the learner starting from the weights published
+  as version 0 (docs/results/learning.md, "Re-pin of 2026-11-28").
 """
 import argparse
 import glob
