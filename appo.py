@@ -1619,6 +1619,8 @@ class StageTimes:
 
 
 class Stage:
+    """One stage's clock in StageTimes (and its CUDA events, for a GPU stage)."""
+
     def __init__(self, on_gpu: bool):
         self.seconds, self.started, self.gpu_seconds = 0.0, 0.0, 0.0
         self.start_event, self.runs = None, [] if on_gpu else None  # runs: (start, end) events not yet read
