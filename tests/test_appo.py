@@ -793,9 +793,8 @@ def as_take_batch_hands_it_over(batch: dict[str, torch.Tensor], device: torch.de
 
 
 def learner_with_weights(cfg) -> appo.Learner:
-    weights = appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))
     run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
-    shared = types.SimpleNamespace(weights=[weights], run=run, hyperparams=appo.PolicyHyperparams(cfg, None))
+    shared = outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS), run=run, hyperparams=appo.PolicyHyperparams(cfg, None))
     return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
 
 
@@ -1412,10 +1411,10 @@ def learner_on_real_slots(cfg, num_slots: int):
         reports.append(message)
         run.stop[0] = 1
 
-    shared = types.SimpleNamespace(slots=slots, run=run, learner_queues=[appo_ipc.Queue(1 << 16)],
-                                   stats_queue=types.SimpleNamespace(put=report_and_stop),
-                                   weights=[appo.SharedWeights(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg))],
-                                   hyperparams=appo.PolicyHyperparams(cfg, None))
+    shared = outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS), slots=slots, run=run,
+                           learner_queues=[appo_ipc.Queue(1 << 16)],
+                           stats_queue=types.SimpleNamespace(put=report_and_stop),
+                           hyperparams=appo.PolicyHyperparams(cfg, None))
     return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS)), slots, reports
 
 

@@ -195,7 +195,8 @@ def test_pinned_non_blocking_batches_arrive_intact_though_the_slots_are_reused_a
     specs = appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     slots_per_batch = cfg.batch_size // cfg.rollout
     slots = appo.RolloutSlots(specs, num_slots=2 * slots_per_batch, rollout=cfg.rollout, num_workers=1, num_splits=1)
-    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS), slots=slots), (IMAGE_AND_VECTOR, TWO_HEADS))
+    spaces_pair = (IMAGE_AND_VECTOR, TWO_HEADS)
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, spaces_pair, slots=slots), spaces_pair)
     generator = torch.Generator().manual_seed(0)
     for round_ in range(5):
         taken = [slots.control.acquire(0, timeout=1.0) for _ in range(slots_per_batch)]
@@ -384,7 +385,7 @@ def trained_learner(cfg) -> appo.Learner:
 
 
 @pytest.mark.parametrize("saved_on, loaded_on", [("cuda", "cpu"), ("cpu", "cuda")])
-def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_path, monkeypatch, saved_on, loaded_on):
+def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_path, saved_on, loaded_on):
     """The weights and fused Adam's state survive the move (its step counts too, which fused Adam
     needs on the parameters' device), and the resumed learner takes a step."""
     def learner_on(side):
@@ -393,7 +394,8 @@ def test_a_checkpoint_saved_on_one_device_resumes_on_the_other_and_trains(tmp_pa
     saved = trained_learner(learner_on(saved_on))
     saved.save()
     loaded_cfg = learner_on(loaded_on)
-    resumed = appo.Learner(0, loaded_cfg, outside_a_run(loaded_cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
+    spaces_pair = (IMAGE_AND_VECTOR, TWO_HEADS)
+    resumed = appo.Learner(0, loaded_cfg, outside_a_run(loaded_cfg, spaces_pair), spaces_pair)
     loaded_on = resumed.device.type
     assert all(group["fused"] for group in resumed.optimizer.param_groups)
     assert resumed.policy_version == 3 and resumed.env_frames == 1234
