@@ -3,6 +3,7 @@ table's figures from hand-made runs, the task probe on real VizDoom, and a real 
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -400,3 +401,145 @@ def test_a_table_refreshed_at_new_code_or_budget_holds_every_row_at_that_code_bu
     assert off == ROWS_OFF_A_REFRESHED_TABLES_CODE, (
         "rows off their table's code after a refresh; docs/results/learning.md's rule section names them: "
         f"{sorted(off)}")
+
+
+# learning.md's other tables, tied to their files as the headline is. Each table is found by the
+# section it stands in and its header; each checked cell is recomputed from the runs saved in the
+# folder its text names. Cells not checked here are another program's figures (CleanRL's published
+# PPO) or the bench's whole row (the report-only tables, checked whole).
+def learning_md_tables() -> dict:
+    """{(section, header cells): rows of cells} for every table in docs/results/learning.md."""
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        lines = f.read().splitlines()
+    tables, section, i = {}, None, 0
+    while i < len(lines):
+        if lines[i].startswith("## "):
+            section = lines[i][3:]
+        if lines[i].startswith("|") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            header = tuple(cell.strip() for cell in lines[i].strip("|").split("|"))
+            rows, i = [], i + 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([cell.strip() for cell in lines[i].strip("|").split("|")])
+                i += 1
+            tables[(section, header)] = rows
+            continue
+        i += 1
+    return tables
+
+
+def table_in(section: str, first_columns: tuple) -> tuple[tuple, list[list[str]]]:
+    """(header, rows) of the one table in the section whose header starts with `first_columns`."""
+    found = [(header, rows) for (name, header), rows in learning_md_tables().items()
+             if name == section and header[:len(first_columns)] == first_columns]
+    assert len(found) == 1, f"learning.md: one table under '{section}' starting {first_columns}, found {len(found)}"
+    return found[0]
+
+
+BENCH = os.path.join(REPO, "docs", "bench")
+
+
+def runs_in(folder: str, env_name: str, label: str) -> list[dict]:
+    return bench.saved_runs(os.path.join(BENCH, folder), env_name, label)
+
+
+def score_cell(folder: str, env_name: str, label: str, with_n: bool = True) -> str:
+    runs = runs_in(folder, env_name, label)
+    scores = [bench.score_at(r["curve"], bench.BUDGETS[env_name]) for r in runs]
+    return f"{bench.spread(scores)} ({len(scores)})" if with_n else bench.spread(scores)
+
+
+def minutes_cell(folder: str, env_name: str, label: str) -> str:
+    return bench.minutes([r["wall_s"] for r in runs_in(folder, env_name, label)])
+
+
+def report_rows(folder: str, env_names: list[str]) -> dict:
+    """`bench_learning.py --report_only --results_dir docs/bench/<folder>`'s table rows, by env, as cells."""
+    rows = []
+    for env_name in env_names:
+        task = (bench.load_result(os.path.join(BENCH, folder, env_name, "task_match.json")) or {}).get("task")
+        results = {trainer: runs_in(folder, env_name, trainer) for trainer in ("appo", "sf")}
+        rows.append(bench.summarize_env(env_name, bench.BUDGETS[env_name], results, task))
+    lines = [line for line in bench.format_table(rows).splitlines() if line.startswith("| ") and "---" not in line]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return {cells[0]: dict(zip(header, cells))
+            for cells in ([cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:])}
+
+
+@pytest.mark.parametrize("section, folder, env_names", [
+    ("The Doom suite", "learning", ["doom_basic", "doom_defend_the_center", "doom_defend_the_line",
+                                    "doom_health_gathering", "doom_my_way_home", "doom_take_cover"]),
+    ("Atari", "learning", ["atari_breakout", "atari_space_invaders"]),
+    ("Held out: envs no default was chosen on", "heldout", ["atari_pong"]),
+])
+def test_learning_mds_report_tables_are_what_the_saved_runs_say(section, folder, env_names):
+    """Each table that is `--report_only`'s, cell for cell under its own header (a held-out table
+    may leave a column out), from the runs in the folder its command names."""
+    expected = report_rows(folder, env_names)
+    header, rows = table_in(section, ("env", "frames", "appo.py (n)", "Sample Factory (n)", "p"))
+    found = {row[0]: dict(zip(header, row)) for row in rows}
+    assert sorted(found) == sorted(env_names), rows
+    for env_name, cells in found.items():
+        assert cells == {column: expected[env_name][column] for column in cells}, env_name
+
+
+def test_learning_mds_batch_512_and_held_out_doom_tables_are_what_the_saved_runs_say():
+    _, rows = table_in("Sample Factory at the Doom family's batch", ("env", "appo.py, batch 512 (table above)"))
+    assert len(rows) == 6
+    for cells in rows:
+        env_name = cells[0].split(" (")[0]
+        assert cells[1:] == [score_cell("learning", env_name, "appo"), score_cell("learning", env_name, "sf"),
+                             score_cell("ablations/sf_doom_batch_512", env_name, "sf_doom_batch_512")], env_name
+    _, rows = table_in("Held out: envs no default was chosen on", ("env", "frames", "appo.py (n)",
+                                                                "Sample Factory, published (n)"))
+    assert [cells[0] for cells in rows] == ["doom_deadly_corridor", "doom_health_gathering_supreme"]
+    for env_name, frames, *cells in rows:
+        assert frames == f"{bench.BUDGETS[env_name] / 1e6:g}M"
+        assert cells == [score_cell("heldout", env_name, label) for label in
+                         ("appo", "sf", "sf_doom_batch_512", "sf_doom_batch_512_area_resize")] + [
+            minutes_cell("heldout", env_name, "appo"), minutes_cell("heldout", env_name, "sf")], env_name
+
+
+def test_learning_mds_atari_medians_along_the_way_are_what_the_saved_runs_say():
+    header, rows = table_in("Atari", ("env", "frames", "0.5M"))
+    grid = np.array([float(column[:-1]) * 1e6 for column in header[2:]])
+    folders = {"appo.py (default)": ("learning", "appo"), "Sample Factory": ("learning", "sf"),
+               "appo.py, GAE targets per minibatch": ("ablations/gae_per_minibatch", "appo"),
+               "appo.py, asynchronous": ("ablations/async_atari", "appo")}
+    env_name = None
+    assert len(rows) == 8
+    for first, label, *values in rows:
+        env_name = first or env_name
+        name = re.sub(r" \(code \w+\)", "", label.rsplit(", ", 1)[0])  # "..., 5 seeds" less its seeds and code
+        folder, trainer = folders[name]
+        runs = runs_in(folder, env_name, trainer)
+        assert label.endswith(f"{len(runs)} seeds"), label
+        medians = bench.band([r["curve"] for r in runs], 1, grid)[0]
+        digits = len(values[0].split(".")[1]) if "." in values[0] else 0
+        assert values == [f"{m:.{digits}f}" for m in medians], (env_name, label)
+
+
+def test_learning_mds_gym_pz_and_repin_tables_are_what_the_saved_runs_say():
+    _, rows = table_in("gym: envs (appo.py alone)", ("env", "steps"))
+    assert len(rows) == 6
+    for env_name, steps, score, mins, code, random_play, _published in rows:
+        runs = runs_in("gym", env_name, "appo")
+        assert steps == f"{bench.BUDGETS[env_name] // 1000}k" if bench.BUDGETS[env_name] < 1e6 else "1M"
+        assert (score, mins) == (score_cell("gym", env_name, "appo"), minutes_cell("gym", env_name, "appo"))
+        assert {code} == {r["config"]["code"][:8] for r in runs}, env_name
+        random = bench.load_result(os.path.join(BENCH, "gym", "random", f"{env_name}.json"))
+        assert random_play == f"{random['mean_return']:.2f}", env_name
+    _, rows = table_in("pz: envs (appo.py alone)", ("env", "frames"))
+    random = bench.load_result(os.path.join(BENCH, "pettingzoo", "random.json"))
+    assert [row[2:] for row in rows] == [[score_cell("pettingzoo", random["env"], "appo"),
+                                          minutes_cell("pettingzoo", random["env"], "appo"),
+                                          f"{random['mean_return']:.2f}"]]
+    _, rows = table_in("Re-pin of 2026-11-28", ("env", "frames"))
+    for env_name, frames, after, before, published, after_min, before_min in rows:
+        assert after == score_cell("repin_2026-11-28/after_70ed530", env_name, "appo", with_n=False), env_name
+        assert after_min == minutes_cell("repin_2026-11-28/after_70ed530", env_name, "appo")
+        done = runs_in("repin_2026-11-28/before_e4fc108", env_name, "appo")
+        assert (before, before_min) == ((score_cell("repin_2026-11-28/before_e4fc108", env_name, "appo", with_n=False),
+                                         minutes_cell("repin_2026-11-28/before_e4fc108", env_name, "appo"))
+                                        if done else ("not run", "-")), env_name
+        home = {"doom": "learning", "gym": "gym", "atari": "heldout"}[bench.family(env_name)]
+        assert published.startswith(score_cell(home, env_name, "appo", with_n=False) + " "), env_name
