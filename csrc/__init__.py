@@ -21,8 +21,10 @@ from __future__ import annotations
 import array
 import contextlib
 import copy
+import glob
 import os
 import queue
+import time
 from collections import deque
 
 import numpy as np
@@ -198,6 +200,52 @@ def cuda_ipc_files(pids, reference_counters: bool = True) -> list[str]:
                 (reference_counters and name.startswith("torch_") and name.split("_")[1] in dec_pids):
             found.append(os.path.join("/dev/shm", name))
     return found
+
+
+def shm_holders(names) -> dict[str, set[int]]:
+    """For each of `names` in /dev/shm, the live processes that map it or hold it open: how a leak
+    check on a shared machine tells another run's live segments from what its own run left (the
+    tests' leak check, scripts/chaos.py). Matched by inode, since the process that makes a POSIX
+    semaphore maps it under the temporary name glibc made it as."""
+    names_of = {}
+    for name in names:
+        with contextlib.suppress(OSError):  # removed meanwhile
+            names_of[os.stat(f"/dev/shm/{name}").st_ino] = name
+    holders = {name: set() for name in names}
+    for proc in glob.glob("/proc/[0-9]*"):
+        inodes = set()
+        try:
+            with open(f"{proc}/maps") as f:
+                inodes |= {int(line.split()[4]) for line in f if " /dev/shm/" in line}
+            for fd in glob.glob(f"{proc}/fd/*"):
+                with contextlib.suppress(OSError):  # closed meanwhile
+                    if os.readlink(fd).startswith("/dev/shm/"):
+                        inodes.add(os.stat(fd).st_ino)
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        for inode in inodes & names_of.keys():
+            holders[names_of[inode]].add(int(proc.rsplit("/", 1)[1]))
+    return holders
+
+
+def shm_left_since(before: set[str], own_pids=(), grace_s: float = 1.0) -> list[str]:
+    """/dev/shm entries made since `before` and still there that no live process holds, or that
+    one of `own_pids` holds: what a run left, told apart from the segments of other runs that come
+    and go on a shared machine meanwhile. A VizDoom game being started makes its segments a moment
+    before it maps them, so an entry no one holds is looked at again after `grace_s`."""
+    def names():
+        return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+    own = set(own_pids)
+    left = names() - before
+    for look in range(2):
+        holders = shm_holders(left)
+        left = {name for name in left & names() if not holders[name] or holders[name] & own}
+        if look == 0 and any(not holders[name] for name in left):
+            time.sleep(grace_s)
+        else:
+            break
+    return sorted(left)
 
 
 def remove_files(paths: list[str]):

@@ -315,6 +315,8 @@ def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: floa
     (processes, /dev/shm entries) is removed and reported. `other_cpu_share` is the share of the
     machine's CPU time that went to anything but this run (another job would slow it down: its
     wall-clock is then not comparable)."""
+    import appo_ipc  # torch, which the report alone does not need
+
     shm_before = shm_entries()
     busy_before, own_before = busy_cpu_seconds(), children_cpu_seconds()
     started_at = time.time()
@@ -349,7 +351,9 @@ def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: floa
             kill_group(process.pid)
             process.wait()
             reader.join(timeout=10)
-            leftovers = sorted(shm_entries() - shm_before)
+            # what the run left, held by no process now that its group is gone: another run's
+            # live segments on the same machine stay
+            leftovers = [name for name in appo_ipc.shm_left_since(shm_before) if name.startswith(SHM_PREFIXES)]
             for name in leftovers:
                 try:
                     os.unlink(os.path.join("/dev/shm", name))

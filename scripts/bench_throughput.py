@@ -66,6 +66,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import appo  # noqa: E402
+import appo_ipc  # noqa: E402
 import env as envs  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -565,13 +566,14 @@ def sf_reports_training(line: str) -> bool:
 def semaphores_removed():
     """Removes the multiprocessing semaphores that appear in /dev/shm meanwhile: killing Sample
     Factory's process group also kills its resource tracker, which would have removed them."""
-    before = {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")}
+    before = set(os.listdir("/dev/shm"))
     try:
         yield
-    finally:
-        for name in os.listdir("/dev/shm"):
-            if name.startswith("sem.mp-") and name not in before:
-                os.unlink(os.path.join("/dev/shm", name))
+    finally:  # held by no process: another run's, on the same machine, stay
+        for name in appo_ipc.shm_left_since(before):
+            if name.startswith("sem.mp-"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join("/dev/shm", name))
 
 
 def measure_sample_factory(args, flags: list[str]) -> dict:
@@ -657,7 +659,7 @@ def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
                 runs[leg].append(measure_ours(args, flags, OURS_VARIANTS[leg]))
             else:
                 runs[leg].append(measure_sample_factory(args, flags))
-            left = sorted(set(os.listdir("/dev/shm")) - shm_before)  # which leg left it (a trainer's own cleanup)
+            left = appo_ipc.shm_left_since(shm_before)  # which leg left it (a trainer's own cleanup)
             if left:
                 runs[leg][-1]["shm_left"] = left
                 print(f"warning: {leg} left in /dev/shm: {left}", file=sys.stderr)

@@ -29,7 +29,7 @@ It checks, and prints:
   and the dead rollout workers' slots are reclaimed, every slot is free;
 - restarts: one per killed worker, none for any other reason (a torn message, an exception);
 - synchronous collection: the policy lag the learner reports never rises above 0;
-- a clean exit: exit code 0, no process of the run left, no new /dev/shm entry.
+- a clean exit: exit code 0, no process of the run left, no new /dev/shm entry (another run's, held by its live processes, aside).
 Exit status 0 when every check holds, 1 otherwise. The run's folder (a temporary directory: its
 checkpoint, logs and TensorBoard files, about 34 MB) is deleted when every check holds and kept,
 with its path printed, when one fails.
@@ -49,6 +49,7 @@ from pathlib import Path
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import appo  # noqa: E402
+import appo_ipc  # noqa: E402
 
 IDLE = -1  # SlotControl.pending of a split its rollout worker holds (it is stepping its envs)
 KINDS = ("rollout worker", "policy worker", "game process", "policy worker while a split steps",
@@ -233,7 +234,7 @@ def main() -> int:
     lost, with_learner = slots_lost(cfg, killer.shared)
     time.sleep(2.0)  # exiting processes leave the process table
     left = [pid for pid in children_of(os.getpid()) if not is_resource_tracker(pid)]
-    new_shm = sorted(shm_entries() - shm_before)
+    new_shm = appo_ipc.shm_left_since(shm_before, own_pids={os.getpid()})  # not another run's, held by it
     restarts = killer.workers.num_restarts
     worker_kills = sum(count for kind, count in killer.kills.items() if kind != "game process")
     figures = {

@@ -1,6 +1,5 @@
 """Checks that every test leaves the machine as it found it: no shared-memory segment and no
 child process left behind."""
-import contextlib
 import glob
 import multiprocessing
 import os
@@ -13,9 +12,12 @@ import pytest
 import torch
 
 import appo
+import appo_ipc
 
 # Every process this test run starts inherits it: how the leak check tells this run's processes
-# from those of another run on the same machine.
+# from those of another run on the same machine. Each pytest-xdist worker is a run of its own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["APPO_TEST_RUN"] = uuid.uuid4().hex
 RUN_TAG = "APPO_TEST_RUN=" + os.environ.setdefault("APPO_TEST_RUN", uuid.uuid4().hex)
 
 
@@ -82,30 +84,6 @@ def shm_entries():
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def shm_holders(names: set[str]) -> dict[str, set[int]]:
-    """For each of `names` in /dev/shm, the live processes that map it or hold it open. Matched by
-    inode: the process that makes a POSIX semaphore maps it under the temporary name glibc made it as."""
-    names_of = {}
-    for name in names:
-        with contextlib.suppress(OSError):  # removed meanwhile
-            names_of[os.stat(f"/dev/shm/{name}").st_ino] = name
-    holders = {name: set() for name in names}
-    for proc in glob.glob("/proc/[0-9]*"):
-        inodes = set()
-        try:
-            with open(f"{proc}/maps") as f:
-                inodes |= {int(line.split()[4]) for line in f if " /dev/shm/" in line}
-            for fd in glob.glob(f"{proc}/fd/*"):
-                with contextlib.suppress(OSError):  # closed meanwhile
-                    if os.readlink(fd).startswith("/dev/shm/"):
-                        inodes.add(os.stat(fd).st_ino)
-        except OSError:
-            continue  # exited meanwhile, or not ours to read
-        for inode in inodes & names_of.keys():
-            holders[names_of[inode]].add(int(proc.rsplit("/", 1)[1]))
-    return holders
-
-
 def shm_left_by_this_run(before: set[str]) -> list[str]:
     """What this test run added to /dev/shm since `before`, leaving out this process's CUDA IPC
     files (they live as long as it does; the runner removes its own at exit) and what a live
@@ -113,13 +91,7 @@ def shm_left_by_this_run(before: set[str]) -> list[str]:
     meanwhile. One that such a run made and then left without a process holding it cannot be told
     apart from this run's, and counts."""
     own_cuda = {os.path.basename(path) for path in appo.cuda_ipc_files([os.getpid()])}
-    new = shm_entries() - before - own_cuda
-    if not new:
-        return []
-    this_run = {os.getpid(), *processes_tagged(RUN_TAG)}
-    holders = shm_holders(new)
-    others = {name for name, pids in holders.items() if pids and not pids & this_run}
-    return sorted((new & shm_entries()) - others)  # and not those gone meanwhile
+    return appo_ipc.shm_left_since(before | own_cuda, own_pids={os.getpid(), *processes_tagged(RUN_TAG)})
 
 
 def outside_a_run(cfg, spaces_pair, **fields):

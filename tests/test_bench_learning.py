@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 import pytest
 
-from conftest import processes_tagged
+from conftest import processes_tagged, shm_entries, shm_left_by_this_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -217,7 +217,7 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     monkeypatch.setenv("APPO_TEST_TAG", tag)
     args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo", "--frames", "40000",
                              "--results_dir", str(tmp_path), "--appo_flags=--num_envs_per_worker=4"])
-    shm_before = bench.shm_entries()
+    shm_before = shm_entries()
     result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
     assert result["status"] == "ok", result["log_tail"]
     assert result["machine"]["cores"] == os.cpu_count() and isinstance(result["machine"]["bfloat16"], bool)
@@ -227,7 +227,7 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     assert frames and frames == sorted(frames) and frames[-1] >= 40000 * 0.75
     batch_size = env.env_defaults("doom_basic")["batch_size"]
     assert all(frame % (batch_size * 4) == 0 for frame in frames)  # whole batches of steps x frameskip 4: trained, not collected
-    assert processes_tagged(tag) == [] and bench.shm_entries() <= shm_before
+    assert processes_tagged(tag) == [] and shm_left_by_this_run(shm_before) == []
     assert not os.path.exists(os.path.join(tmp_path, "doom_basic", "appo_seed1.log"))
 
 
