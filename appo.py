@@ -3128,8 +3128,11 @@ class Child:
     worker_id: int = -1        # rollout workers: the owner id of their slots
     process: multiprocessing.Process | None = None
 
+    started_ns: int = 0        # when it was last started: its heartbeat until its first own beat
+
     def start(self, context, run: RunState):
-        run.heartbeat[self.index] = time.monotonic_ns()  # its silence counts from now
+        self.started_ns = time.monotonic_ns()
+        run.heartbeat[self.index] = self.started_ns  # its silence counts from now
         self.process = context.Process(target=self.target, args=self.args, daemon=True)
         self.process.start()
         run.pids[self.index] = self.process.pid
@@ -3171,6 +3174,10 @@ class Supervisor:
     """Restarts dead or silent workers; says why the run must stop when that is the answer."""
 
     RESTART_WINDOW_S = 600.0
+    # Starting (spawning, importing torch, building the model) is not an env step: a child gets at
+    # least this long before its first heartbeat whatever --env_step_timeout says, or on a loaded
+    # machine a short timeout restarts healthy workers as they start, again and again.
+    START_UP_S = 60.0
 
     def __init__(self, cfg, shared: Shared, children: list[Child], context):
         self.cfg, self.shared, self.children, self.context = cfg, shared, children, context
@@ -3186,8 +3193,11 @@ class Supervisor:
         now_ns = time.monotonic_ns()
         for child in self.children:
             if child.process.is_alive():
-                silent_s = (now_ns - int(self.shared.run.heartbeat[child.index])) / 1e9
-                if child.kind == "learner" or silent_s < self.cfg.env_step_timeout:
+                beat = int(self.shared.run.heartbeat[child.index])
+                silent_s = (now_ns - beat) / 1e9
+                allowed_s = (max(self.cfg.env_step_timeout, self.START_UP_S) if beat == child.started_ns
+                             else self.cfg.env_step_timeout)
+                if child.kind == "learner" or silent_s < allowed_s:
                     continue
                 problem = f"sent no heartbeat for {silent_s:.0f} s (--env_step_timeout {self.cfg.env_step_timeout:g})"
             else:

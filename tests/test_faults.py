@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 
 import pytest
@@ -154,6 +155,29 @@ def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path, co
     assert re.search(r"rollout worker 1: env 0 failed \(\w+", output)  # the dead game, as VizDoom reports it
     assert "restarting" not in output  # no worker had to go
     run.assert_nothing_left()
+
+
+def test_a_worker_still_starting_gets_the_start_up_allowance_and_then_the_env_step_timeout(capsys):
+    """A child is silent until its first heartbeat (spawning, importing torch): on a loaded machine
+    that can outlast a short --env_step_timeout, so until then Supervisor.START_UP_S applies. A real
+    process that never beats stands in for a starting worker, then one that beat once and hung."""
+    cfg = appo.parse_args(["--env_step_timeout", "0.5"])
+    run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
+    child = appo.Child("rollout worker 0", "rollout worker", 0, time.sleep, (60,), worker_id=0)
+    supervisor = appo.Supervisor(cfg, types.SimpleNamespace(run=run), [child], multiprocessing.get_context("spawn"))
+    restarted = []
+    supervisor.restart = lambda stopped: restarted.append(stopped.name) or True
+    try:
+        supervisor.start_all()
+        time.sleep(1.0)
+        assert supervisor.check() is None and restarted == []  # silent for twice the timeout, but starting
+        run.beat(0)  # its first heartbeat: from here on, the env step timeout
+        time.sleep(1.0)
+        assert supervisor.check() is None and restarted == ["rollout worker 0"]
+        assert "rollout worker 0 sent no heartbeat for 1 s (--env_step_timeout 0.5); restarting it" in capsys.readouterr().out
+    finally:
+        child.process.kill()
+        child.process.join()
 
 
 @pytest.mark.slow
