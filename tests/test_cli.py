@@ -3,13 +3,13 @@ the flag, before anything starts; a run's terminal shows the trainer's own lines
 import glob
 import json
 import math
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import types
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -72,25 +72,48 @@ def run_appo_cli(flags: list[str], cwd, tag: str) -> subprocess.CompletedProcess
                           timeout=120, cwd=cwd, env=dict(os.environ, APPO_TEST_TAG=tag))
 
 
-def test_every_bad_invocation_is_a_short_error_naming_the_flag_and_starts_nothing(tmp_path):
+def check_bad_invocation(flags: list[str], expected: str, returncode: int, output: str):
+    assert returncode == 2, (flags, output)
+    assert "Traceback" not in output, (flags, output)
+    assert len(output.strip().splitlines()) <= 5, (flags, output)
+    assert expected in output, (flags, output)
+    assert "--help" in output, (flags, output)  # and where to read the rest
+
+
+def bad_invocations(tmp_path) -> list[list[str]]:
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
-    train_dir = tmp_path / "runs"
-    tag = uuid.uuid4().hex
     invocations = [[flag.format(a_file=a_file) for flag in flags] for flags, _ in BAD_INVOCATIONS]
-    invocations = [flags if "--train_dir" in flags else flags + ["--train_dir", str(train_dir)]
-                   for flags in invocations]
-    with ThreadPoolExecutor(4) as pool:  # each one is a fresh interpreter importing torch: a few seconds
-        results = list(pool.map(lambda flags: run_appo_cli(flags, tmp_path, tag), invocations))
-    for flags, (_, expected), result in zip(invocations, BAD_INVOCATIONS, results):
-        output = result.stdout + result.stderr
-        assert result.returncode == 2, (flags, output)
-        assert "Traceback" not in output, (flags, output)
-        assert len(output.strip().splitlines()) <= 5, (flags, output)
-        assert expected in output, (flags, output)
-        assert "--help" in output, (flags, output)  # and where to read the rest
-    assert not train_dir.exists()  # nothing written
-    assert sorted(os.listdir(tmp_path)) == ["a_file"]  # not even in the working folder
+    return [flags if "--train_dir" in flags else flags + ["--train_dir", str(tmp_path / "runs")]
+            for flags in invocations]
+
+
+def test_every_bad_invocation_is_a_short_error_naming_the_flag_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    """In this process, through appo.main, as `python appo.py` calls it (the command itself, for a
+    few of them, is the test below): a fresh interpreter for each would cost a torch import each."""
+    monkeypatch.chdir(tmp_path)
+    for flags, (_, expected) in zip(bad_invocations(tmp_path), BAD_INVOCATIONS):
+        try:
+            returncode = appo.main(flags)
+        except SystemExit as stop:  # argparse's own errors
+            returncode = stop.code
+        captured = capsys.readouterr()
+        check_bad_invocation(flags, expected, returncode, captured.out + captured.err)
+        assert multiprocessing.active_children() == [], flags  # nothing spawned
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]  # nothing written: no runs folder, nothing in the working folder
+
+
+@pytest.mark.parametrize("index", [
+    BAD_INVOCATIONS.index((["--no_such_flag", "1"], "--no_such_flag")),  # argparse's error
+    BAD_INVOCATIONS.index((["--gamma", "1.5"], "--gamma must be in (0, 1]")),  # a check of the parsed flags
+    BAD_INVOCATIONS.index((["--env", "gym:CartPol-v1"], "--env gym:CartPol-v1")),  # the env family's check
+])
+def test_a_bad_command_line_exits_2_with_its_short_error_and_leaves_no_process(tmp_path, index):
+    flags = bad_invocations(tmp_path)[index]
+    tag = uuid.uuid4().hex
+    result = run_appo_cli(flags, tmp_path, tag)
+    check_bad_invocation(flags, BAD_INVOCATIONS[index][1], result.returncode, result.stdout + result.stderr)
+    assert sorted(os.listdir(tmp_path)) == ["a_file"]
     assert processes_still_tagged(tag) == []  # nothing spawned, or nothing left
 
 

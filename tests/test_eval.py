@@ -128,15 +128,18 @@ def test_eval_names_each_flag_of_its_command_line_that_the_checkpoint_replaces(t
     assert notes == ["note: --hidden_size 128 from the command line replaced by the checkpoint's 64"]
 
 
-def test_eval_errors_name_the_fix(tmp_path):
-    missing = run_eval(tmp_path, "--env", "doom_basic")
-    assert missing.returncode == 2 and "no checkpoint in" in missing.stderr and "--checkpoint" in missing.stderr
-    unreadable = run_eval(tmp_path, "--env", "doom_basic", "--checkpoint", str(tmp_path / "nothing.pth"))
-    assert unreadable.returncode == 2 and "cannot be read" in unreadable.stderr
-    path = save_untrained_policy(tmp_path, "doom_basic")
-    other_env = run_eval(tmp_path, "--env", "atari_breakout", "--checkpoint", path)
-    assert other_env.returncode == 2 and "trained on doom_basic" in other_env.stderr
-    assert "use --env doom_basic" in other_env.stderr
+def test_eval_errors_name_the_fix(tmp_path, capsys):
+    """Through appo.main in this process, as `python appo.py --mode eval` calls it (the command
+    itself is run by the tests above): each error is found before a game starts."""
+    def eval_error(*flags: str) -> str:
+        assert appo.main(["--mode", "eval", "--train_dir", str(tmp_path), "--experiment", "played", *flags]) == 2
+        return capsys.readouterr().err
+
+    missing = eval_error("--env", "doom_basic")
+    assert "no checkpoint in" in missing and "--checkpoint" in missing
+    assert "cannot be read" in eval_error("--env", "doom_basic", "--checkpoint", str(tmp_path / "nothing.pth"))
+    other_env = eval_error("--env", "atari_breakout", "--checkpoint", save_untrained_policy(tmp_path, "doom_basic"))
+    assert "trained on doom_basic" in other_env and "use --env doom_basic" in other_env
 
 
 @pytest.mark.slow
