@@ -432,6 +432,20 @@ def machine() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "bfloat16": appo.native_bfloat16("cpu")}
 
 
+# The packages whose versions decide what a run computes: torch, and each env family's engine.
+VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "vizdoom", "ale-py", "mujoco", "pettingzoo", "sample-factory")
+
+
+def package_versions(python: str) -> dict:
+    """The versions of VERSIONED_PACKAGES installed for `python`, the interpreter that ran the
+    trainer (Sample Factory's venv has versions of its own); those not installed are left out."""
+    code = ("import importlib.metadata as m, json\nfound = {}\nfor name in %r:\n    try:\n"
+            "        found[name] = m.version(name)\n    except m.PackageNotFoundError:\n        pass\n"
+            "print(json.dumps(found))" % (VERSIONED_PACKAGES,))
+    result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    return json.loads(result.stdout) if result.returncode == 0 else {}
+
+
 def trainer_precision(trainer: str, train_dir: str) -> str:
     """The precision a run trained in, as the trainer saved it: appo.py's resolved --encoder_dtype
     (`auto` becomes bfloat16 where the CPU computes it, so the same command differs by machine);
@@ -474,7 +488,8 @@ def run_one(args, config: dict) -> dict:
     with open(log_path) as f:
         log_tail = f.read().splitlines()[-20:]
     result = {"key": config_key(config), "config": config, "command": " ".join(command), "commit": git_commit(),
-              **outcome, "load_before": load_before, "machine": machine(), "precision": precision, "curve": curve,
+              **outcome, "load_before": load_before, "machine": machine(), "precision": precision,
+              "versions": package_versions(sys.executable if trainer == "appo" else args.sf_python), "curve": curve,
               "log_tail": log_tail if outcome["status"] != "ok" else []}
     os.remove(log_path)  # the curve and the tail are kept; whole logs would bloat the repo
     print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: {outcome['status']} in "

@@ -221,6 +221,9 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
     assert result["status"] == "ok", result["log_tail"]
     assert result["machine"]["cores"] == os.cpu_count() and isinstance(result["machine"]["bfloat16"], bool)
+    import torch
+    import vizdoom  # the versions of what decided the run, as installed here
+    assert result["versions"]["torch"] == torch.__version__ and result["versions"]["vizdoom"] == vizdoom.__version__
     # the precision it trained in, read from its saved configuration: auto resolves by the CPU
     assert result["precision"] == ("bfloat16 encoder" if result["machine"]["bfloat16"] else "float32 encoder")
     frames = [point[1] for point in result["curve"]]
