@@ -4,6 +4,7 @@ lost (it should be nothing).
     python scripts/chaos.py                       # 10 minutes, a kill every ~5 s (the figures in docs/faults.md)
     python scripts/chaos.py --minutes 1 --kill_every 2 --json chaos.json
     python scripts/chaos.py --config synchronous  # atari_breakout, synchronous collection
+    python scripts/chaos.py --least_kills 6 --minutes 4 --kill_every 2  # until 6 kills, every kind among them
 
 The run: 2 rollout workers x 2 splits, 2 policy workers, one learner (appo.train in this process;
 the killer runs in its `watch` callback), on doom_basic collecting asynchronously (--config
@@ -112,6 +113,8 @@ class Killer:
         self.lowest_counter = 0
         self.highest_lag = 0.0  # the learner's reported lag_max (stays 0 with synchronous collection)
         self.shared = self.workers = None
+        self.frames_at_last_kill = 0
+        self.enough_kills_at: float | None = None
 
     def __call__(self, shared, workers, stats):
         now = time.monotonic()
@@ -121,11 +124,20 @@ class Killer:
             self.started = now
             self.next_kill = now + self.args.warmup_s
         self.keep_books(shared, now)
+        if self.enough_kills_at is not None:  # --least_kills: the run ends on what it did, not the clock
+            if now >= self.enough_kills_at + self.args.quiet_end_s:
+                raise appo.StopRequested()
+            return
         if now >= self.next_kill and now < self.started + self.args.minutes * 60 - self.args.quiet_end_s:
             kind = self.kinds[self.attempts % len(self.kinds)]
             self.attempts += 1
             self.kills[kind] += self.kill(kind, shared, workers)
             self.next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.args.kill_every
+            self.frames_at_last_kill = int(shared.run.learner_frames.min())
+        if (self.args.least_kills and sum(self.kills.values()) >= self.args.least_kills
+                and all(self.kills[kind] for kind in self.kinds)
+                and int(shared.run.learner_frames.min()) > self.frames_at_last_kill):
+            self.enough_kills_at = now  # every kind killed, and the learner trained since the last kill
 
     def keep_books(self, shared, now: float):
         control = shared.slots.control
@@ -200,7 +212,12 @@ def shm_entries() -> set[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=10.0, help="length of the run")
+    parser.add_argument("--minutes", type=float, default=10.0,
+                        help="length of the run (with --least_kills, the most it may last)")
+    parser.add_argument("--least_kills", type=int, default=0,
+                        help="end the run --quiet_end_s after this many kills, every kind among them, once the "
+                             "learner trained after the last (0: run --minutes); what a loaded machine slows down "
+                             "then takes longer instead of being attacked less")
     parser.add_argument("--kill_every", type=float, default=5.0, help="mean seconds between kills")
     parser.add_argument("--stall_s", type=float, default=30.0,
                         help="a split or the learner standing still this long counts as a stall")
@@ -248,6 +265,7 @@ def main() -> int:
         "lowest_split_counter": killer.lowest_counter, "slots_lost": lost, "slots_left_with_learner": with_learner,
         "num_slots": killer.shared.slots.control.num_slots, "exit_code": exit_code,
         "processes_left": len(left), "shm_entries_left": len(new_shm),
+        "ended_on_kills": killer.enough_kills_at is not None,  # --least_kills reached before --minutes
     }
     ok = (figures["stalled_splits"] == 0 and figures["longest_learner_pause_s"] <= args.stall_s
           and figures["lowest_split_counter"] >= IDLE and lost == 0 and with_learner == 0

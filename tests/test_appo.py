@@ -1297,10 +1297,12 @@ def test_every_flag_has_help():
 # ---------------------------------------------------------------------------------------------
 # End to end
 
-def run_appo(tmp_path, tag, seconds):
+def run_appo(tmp_path, tag, frames):
+    """Until `frames` are trained in all (a resumed run counts from its checkpoint's): frames, not
+    seconds, so that a loaded machine slows the run down without making it train less."""
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
                "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "128", "--hidden_size", "128",
-               "--train_for_seconds", str(seconds), "--report_every_sec", "2", "--save_every_sec", "5",
+               "--train_for_env_steps", str(frames), "--report_every_sec", "2", "--save_every_sec", "5",
                "--train_dir", str(tmp_path), "--experiment", "e2e", "--seed", "1"]
     environment = dict(os.environ, APPO_TEST_TAG=tag)
     return subprocess.run(command, capture_output=True, text=True, timeout=240, env=environment, cwd=tmp_path)
@@ -1314,7 +1316,7 @@ def checkpoint_versions(tmp_path):
 @pytest.mark.slow
 def test_end_to_end_training_run_checkpoints_resumes_and_cleans_up(tmp_path):
     tag = uuid.uuid4().hex
-    first = run_appo(tmp_path, tag, seconds=25)
+    first = run_appo(tmp_path, tag, frames=24000)
     assert first.returncode == 0, first.stderr[-3000:]
     status_lines = [line for line in first.stdout.splitlines() if "frames" in line and "lag" in line]
     assert status_lines, first.stdout[-3000:]
@@ -1337,7 +1339,7 @@ def test_end_to_end_training_run_checkpoints_resumes_and_cleans_up(tmp_path):
     assert max(health["explained_variance"]) > 0, health["explained_variance"]
     assert processes_tagged(tag) == []
 
-    second = run_appo(tmp_path, tag, seconds=15)
+    second = run_appo(tmp_path, tag, frames=28000)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from policy version {first_versions[-1]}" in second.stdout
     assert checkpoint_versions(tmp_path)[-1] > first_versions[-1]

@@ -2,7 +2,9 @@
 and game processes are SIGKILLed every ~2 s, some at the instants the IPC review found dangerous
 (a policy worker while a split steps, a rollout worker with a slot in flight): doom_basic
 collecting asynchronously, and atari_breakout collecting synchronously (parked splits must resume,
-the lag stay 0; 30 s, to keep the suite short). The long runs and their figures are in docs/faults.md."""
+the lag stay 0). Each runs until it made its kills, every kind among them, and the learner trained
+after the last (--least_kills), not for fixed seconds: on a loaded machine it then takes longer
+instead of being attacked less. The long runs and their figures are in docs/faults.md."""
 import json
 import os
 import subprocess
@@ -14,22 +16,22 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(TESTS), "scripts", "chaos.py")
 
 
-@pytest.mark.parametrize("config, minutes, warmup_s, quiet_end_s, least_kills",
-                         [("asynchronous", 0.75, 10, 8, 6), ("synchronous", 0.5, 8, 5, 4)])
-def test_a_run_whose_workers_are_killed_every_two_seconds_loses_nothing(tmp_path, config, minutes, warmup_s,
-                                                                        quiet_end_s, least_kills):
+@pytest.mark.parametrize("config, warmup_s, quiet_end_s, least_kills",
+                         [("asynchronous", 10, 8, 6), ("synchronous", 8, 5, 4)])
+def test_a_run_whose_workers_are_killed_every_two_seconds_loses_nothing(tmp_path, config, warmup_s, quiet_end_s,
+                                                                        least_kills):
     figures_path = tmp_path / "chaos.json"
     temp_dir = tmp_path / "tmp"  # where the run makes its folder (TMPDIR), to see that it goes
     temp_dir.mkdir()
-    result = subprocess.run([sys.executable, SCRIPT, "--config", config, "--minutes", str(minutes), "--kill_every", "2",
-                             "--warmup_s", str(warmup_s), "--quiet_end_s", str(quiet_end_s), "--seed", "1",
-                             "--json", str(figures_path)],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    result = subprocess.run([sys.executable, SCRIPT, "--config", config, "--least_kills", str(least_kills),
+                             "--minutes", "4", "--kill_every", "2", "--warmup_s", str(warmup_s),
+                             "--quiet_end_s", str(quiet_end_s), "--seed", "1", "--json", str(figures_path)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=420,
                             env=dict(os.environ, TMPDIR=str(temp_dir)))
     summary = result.stdout[result.stdout.find("chaos run:"):]
     assert result.returncode == 0, summary or result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(figures_path.read_text())
-    assert figures["kills"] >= least_kills, summary  # the run was really attacked
+    assert figures["ended_on_kills"] and figures["kills"] >= least_kills, summary  # the run was really attacked
     for kind in ("policy worker while a split steps", "rollout worker with a slot in flight"):
         assert figures["kills_by_kind"].get(kind, 0) > 0, summary  # the instants the IPC review found dangerous
     assert figures["async_rl"] == (config == "asynchronous")

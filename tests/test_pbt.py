@@ -126,12 +126,14 @@ def test_learner_takes_over_the_weights_and_hyperparameters_it_is_given(tmp_path
     assert learner.cfg.exploration_loss_coeff == 0.25 and cfg.exploration_loss_coeff == 0.001  # the learner's copy only
 
 
-def run_population(tmp_path, tag, seconds):
+def run_population(tmp_path, tag, frames):
+    """A population of 3 until each policy trained `frames` (frames, not seconds: on a loaded machine
+    a run of fixed seconds may not finish starting its 8 processes)."""
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_policies", "3",
                "--with_pbt", "--pbt_period_env_steps", "1500", "--pbt_replace_reward_gap", "0",
                "--pbt_mutation_rate", "1", "--remap_policies_every", "1", "--num_workers", "2",
                "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64", "--hidden_size", "64",
-               "--learner_threads", "1", "--train_for_seconds", str(seconds), "--report_every_sec", "2",
+               "--learner_threads", "1", "--train_for_env_steps", str(frames), "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--experiment", "pbt", "--seed", "3"]
     environment = dict(os.environ, APPO_TEST_TAG=tag)
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
@@ -149,7 +151,7 @@ def pbt_files(tmp_path):
 @pytest.mark.slow
 def test_population_run_mutates_replaces_and_resumes(tmp_path):
     tag = uuid.uuid4().hex
-    first = run_population(tmp_path, tag, seconds=40)
+    first = run_population(tmp_path, tag, frames=3000)  # two rounds of 1500 frames a policy
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert "pbt: round at" in first.stdout, first.stdout[-3000:]
     assert "takes the weights and hyperparameters of policy" in first.stdout
@@ -164,7 +166,7 @@ def test_population_run_mutates_replaces_and_resumes(tmp_path):
                for state in mutated)
     assert processes_still_tagged(tag) == []
 
-    second = run_population(tmp_path, tag, seconds=15)
+    second = run_population(tmp_path, tag, frames=4500)  # resumed at 3000: one more round
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     for policy_id, state in enumerate(states):
         assert f"pbt: policy {policy_id} resumes with" in second.stdout
