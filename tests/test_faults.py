@@ -211,8 +211,9 @@ def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(
         run.process.send_signal(signal.SIGTERM)
         assert run.finish(timeout=30) == 0, run.output_tail()
         # every child gone, the runner too: shutdown() gives the children 8 s and a learner 30 s to finish
-        # the batch in hand, and this small model's batch takes well under a second
-        assert time.monotonic() - stop_sent < 10
+        # the batch in hand, and this small model's batch takes well under a second: well under 30 s
+        # even on a loaded machine (10.1 s once, two tests at a time), unless a learner was waited out
+        assert time.monotonic() - stop_sent < 20
     finally:
         run.process.kill()
     assert "stop requested: saving and shutting down" in run.output

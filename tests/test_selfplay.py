@@ -32,8 +32,9 @@ def trained_versions(tmp_path, policy_id):
 @pytest.mark.slow
 def test_two_policies_learn_from_duels_against_each_other_and_past_versions(tmp_path):
     tag = uuid.uuid4().hex
+    # frames, not seconds (about 40 s alone): on a loaded machine a run of fixed seconds ended before a match did
     result = run_duel(tmp_path, tag, "--past_opponents_fraction", "0.5", "--past_opponent_refresh_sec", "5",
-                      "--train_for_seconds", "40")
+                      "--train_for_env_steps", "3000")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     for policy_id in range(2):  # both learners trained on duel experience
