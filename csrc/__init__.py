@@ -202,6 +202,10 @@ def cuda_ipc_files(pids, reference_counters: bool = True) -> list[str]:
     return found
 
 
+def shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
 def shm_holders(names) -> dict[str, set[int]]:
     """For each of `names` in /dev/shm, the live processes that map it or hold it open: how a leak
     check on a shared machine tells another run's live segments from what its own run left (the
@@ -233,14 +237,11 @@ def shm_left_since(before: set[str], own_pids=(), grace_s: float = 1.0) -> list[
     one of `own_pids` holds: what a run left, told apart from the segments of other runs that come
     and go on a shared machine meanwhile. A VizDoom game being started makes its segments a moment
     before it maps them, so an entry no one holds is looked at again after `grace_s`."""
-    def names():
-        return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
     own = set(own_pids)
-    left = names() - before
+    left = shm_entries() - before
     for look in range(2):
         holders = shm_holders(left)
-        left = {name for name in left & names() if not holders[name] or holders[name] & own}
+        left = {name for name in left & shm_entries() if not holders[name] or holders[name] & own}
         if look == 0 and any(not holders[name] for name in left):
             time.sleep(grace_s)
         else:

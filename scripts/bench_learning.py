@@ -285,10 +285,6 @@ def sf_scenarios_dir(sf_python: str) -> str:
     return subprocess.run([sf_python, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def shm_entries() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith(SHM_PREFIXES)}
-
-
 def kill_group(pid: int):
     import appo
 
@@ -317,7 +313,7 @@ def run_trainer(command: list[str], cwd: str, log_path: str, stall_seconds: floa
     wall-clock is then not comparable)."""
     import appo_ipc  # torch, which the report alone does not need
 
-    shm_before = shm_entries()
+    shm_before = appo_ipc.shm_entries()
     busy_before, own_before = busy_cpu_seconds(), children_cpu_seconds()
     started_at = time.time()
     last_output = [time.monotonic()]

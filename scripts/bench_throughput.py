@@ -566,7 +566,7 @@ def sf_reports_training(line: str) -> bool:
 def semaphores_removed():
     """Removes the multiprocessing semaphores that appear in /dev/shm meanwhile: killing Sample
     Factory's process group also kills its resource tracker, which would have removed them."""
-    before = set(os.listdir("/dev/shm"))
+    before = appo_ipc.shm_entries()
     try:
         yield
     finally:  # held by no process: another run's, on the same machine, stay
@@ -643,7 +643,7 @@ def measure_configuration(args, envs_per_worker: int, on_leg=None) -> dict:
         for leg in args.legs:
             print(f"# {args.env}, {args.num_workers}x{envs_per_worker} envs: {leg} "
                   f"(run {repeat + 1} of {args.repeats})", file=sys.stderr, flush=True)
-            shm_before = set(os.listdir("/dev/shm"))
+            shm_before = appo_ipc.shm_entries()
             if leg == "pure":
                 runs[leg].append(pure_sim_leg(flags, args.num_workers, args.seconds))
             elif leg == "pure_episodes":

@@ -206,10 +206,6 @@ def slots_lost(cfg, shared) -> tuple[int, int]:
     return control.num_slots - control.free_count, with_learner
 
 
-def shm_entries() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0,
@@ -238,7 +234,7 @@ def main() -> int:
     if errors:
         appo.print_errors(errors)
         return 2
-    shm_before = shm_entries()
+    shm_before = appo_ipc.shm_entries()
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # the code this run loads
     uncommitted = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "appo.py", "env.py", "csrc",

@@ -80,8 +80,7 @@ def vizdoom_processes() -> dict[int, str]:
     return found
 
 
-def shm_entries():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+shm_entries = appo_ipc.shm_entries
 
 
 def shm_left_by_this_run(before: set[str]) -> list[str]:
