@@ -38,6 +38,7 @@ import importlib.util
 import itertools
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import queue
 import random
@@ -1461,7 +1462,9 @@ class RunState(SharedCounters):
                           "learner_frames": num_policies, "learner_version": num_policies,
                           "resend_epoch": 1,  # bumped after a policy worker restart: re-send requests
                           "pids": num_processes,  # for the clean-up by rollout workers if the runner is killed
+                          "runner_pid": 1,  # the same (a child's parent is the fork server, not the runner)
                           "all_ranks_frames": 1})  # under torchrun: frames collected by every rank
+        self.runner_pid[0] = os.getpid()
 
     def should_stop(self) -> bool:
         return bool(self.stop[0])
@@ -1655,8 +1658,30 @@ class Stage:
         return seconds, gpu_seconds
 
 
+def child_process_context():
+    """Children fork from a server process that imported torch once (multiprocessing's
+    "forkserver"). Spawned, each child imported torch itself (3-4 s of CPU), and since spawn hands a
+    child its arguments only once it has imported the main module, the children of a run started one
+    after another, seconds each, and every restart took as long. The server starts with the run's
+    first child, so children see the environment of that moment, and stops with the run
+    (stop_fork_server). Its children's parent is the server, which exits with the runner (see
+    child_process_setup): their parent-death signal and `parent_alive` hold as before."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "numpy", "gymnasium"])  # what appo.py and env.py import
+    return context
+
+
+def stop_fork_server():
+    """Ends the run's fork server once its children have gone (it would otherwise outlive an
+    in-process run, with the environment it started in). multiprocessing keeps one server a
+    process and offers no public way to stop it; a later run starts a new one."""
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    if server is not None and hasattr(server, "_stop"):
+        server._stop()
+
+
 def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
-    """Every child: a name that `ps`/`top` show (appo-<role>), die with the parent, leave Ctrl-C
+    """Every child: a name that `ps`/`top` show (appo-<role>), die with the runner, leave Ctrl-C
     to the runner, few threads.
 
     A process that owns envs gets its own process group, so that the runner can kill it together
@@ -1670,10 +1695,18 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG: the kernel signals us when the runner dies
+        libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG: the kernel signals us when our parent dies
         libc.prctl(15, f"appo-{role}".encode()[:15])  # PR_SET_NAME
     except OSError:
         pass
+    # Our parent is the fork server, which exits once no process holds the write end of its "alive"
+    # pipe. The runner holds one, and so does every child it forks: closed here, the server exits with
+    # the runner, and its exit is the parent death signalled above (else a SIGKILLed runner left the
+    # server and every child running).
+    server = multiprocessing.forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
 
@@ -2245,7 +2278,7 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
     child_process_setup("rollout", owns_envs=True)
     if cfg.set_workers_cpu_affinity:
         pin_rollout_worker(worker_id, cfg.num_workers)
-    worker, runner = None, os.getppid()
+    worker, parent = None, os.getppid()
     with engine_output_to(engine_log_path(cfg, f"rollout_worker_{worker_id}")):
         try:
             worker = RolloutWorker(worker_id, process_index, cfg, shared)
@@ -2255,16 +2288,17 @@ def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared)
         finally:
             if worker is not None:
                 worker.close()
-            leave_nothing_behind(runner, shared.run)
+            leave_nothing_behind(parent, shared.run)
 
 
-def leave_nothing_behind(runner: int, run: RunState):
+def leave_nothing_behind(parent: int, run: RunState):
     """A rollout worker's last act: kill the env processes its envs' close missed (the GPU check
-    once found VizDoom games alive after every worker had exited), and, if the runner was killed,
-    remove the CUDA IPC files that its processes would have (the rollout workers are the last out)."""
+    once found VizDoom games alive after every worker had exited), and, if the runner was killed
+    (the fork server, our parent, exits with it), remove the CUDA IPC files that its processes would
+    have (the rollout workers are the last out)."""
     kill_process_group(os.getpid(), spare=os.getpid())
-    if not parent_alive(runner):
-        remove_files(cuda_ipc_files([runner, *run.pids]) + envs.orphaned_shared_memory())
+    if not parent_alive(parent):
+        remove_files(cuda_ipc_files([int(run.runner_pid[0]), *run.pids]) + envs.orphaned_shared_memory())
 
 
 # =============================================================================================
@@ -3174,7 +3208,7 @@ class Supervisor:
     """Restarts dead or silent workers; says why the run must stop when that is the answer."""
 
     RESTART_WINDOW_S = 600.0
-    # Starting (spawning, importing torch, building the model) is not an env step: a child gets at
+    # Starting (building the model, making the envs, compiling) is not an env step: a child gets at
     # least this long before its first heartbeat whatever --env_step_timeout says, or on a loaded
     # machine a short timeout restarts healthy workers as they start, again and again.
     START_UP_S = 60.0
@@ -3220,6 +3254,7 @@ class Supervisor:
 
     def stop(self):
         shutdown(self.shared, self.children)
+        stop_fork_server()
 
     def restart(self, child: Child) -> bool:
         """Ends the child, frees what it held, starts it again; False if it would not end (then
@@ -3519,7 +3554,7 @@ def run_training(cfg, watch) -> TrainResult:
     if cfg.serial_mode:
         workers = SerialRun(cfg, shared, probe.spaces)
     else:
-        workers = Supervisor(cfg, shared, make_children(cfg, shared, probe.spaces), multiprocessing.get_context("spawn"))
+        workers = Supervisor(cfg, shared, make_children(cfg, shared, probe.spaces), child_process_context())
     run, extras = Run(cfg, seed_drawn, shared, model, Stats(cfg.num_policies), workers, start=time.monotonic()), []
 
     def request_stop(signum, frame):

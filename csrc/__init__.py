@@ -232,21 +232,21 @@ def shm_holders(names) -> dict[str, set[int]]:
     return holders
 
 
-def shm_left_since(before: set[str], own_pids=(), grace_s: float = 1.0) -> list[str]:
+def shm_left_since(before: set[str], own_pids=(), grace_s: float = 10.0) -> list[str]:
     """/dev/shm entries made since `before` and still there that no live process holds, or that
     one of `own_pids` holds: what a run left, told apart from the segments of other runs that come
-    and go on a shared machine meanwhile. A VizDoom game being started makes its segments a moment
-    before it maps them, so an entry no one holds is looked at again after `grace_s`."""
-    own = set(own_pids)
+    and go on a shared machine meanwhile. An entry no one holds is looked at again until it goes or
+    `grace_s` has passed: a VizDoom game being started makes its segments a moment before it maps
+    them, and a run whose worker was killed removes what its games left only once they have exited
+    (kill_process_group waits up to 5 s), which on a loaded machine took more than a second."""
+    own, deadline = set(own_pids), time.monotonic() + grace_s
     left = shm_entries() - before
-    for look in range(2):
+    while True:
         holders = shm_holders(left)
         left = {name for name in left & shm_entries() if not holders[name] or holders[name] & own}
-        if look == 0 and any(not holders[name] for name in left):
-            time.sleep(grace_s)
-        else:
-            break
-    return sorted(left)
+        if not any(not holders[name] for name in left) or time.monotonic() > deadline:
+            return sorted(left)
+        time.sleep(0.25)
 
 
 def remove_files(paths: list[str]):

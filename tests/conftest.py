@@ -121,5 +121,8 @@ def leaves_nothing_behind():
 
 
 @pytest.fixture
-def spawn():
-    return multiprocessing.get_context("spawn")
+def processes():
+    """The multiprocessing context the runner starts its children with (children fork from a
+    server that imported torch), stopped afterwards as a run stops it."""
+    yield appo.child_process_context()
+    appo.stop_fork_server()

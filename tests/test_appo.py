@@ -1048,14 +1048,14 @@ def test_transitions_older_than_max_policy_lag_are_masked_out():
     assert stats["lag_max"] == 12 and stats["lag_min"] == 2
 
 
-def test_rollout_slots_give_zero_copy_views_that_pickle(spawn):
+def test_rollout_slots_give_zero_copy_views_that_pickle(processes):
     cfg = small_cfg()
     specs = appo.rollout_buffer_specs(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     slots = appo.RolloutSlots(specs, num_slots=4, rollout=6, num_workers=1, num_splits=2)
     assert slots.arrays["obs"].shape == (4, 7, 3, 36, 64) and slots.arrays["actions"].shape == (4, 7, 2)
     slots.tensors["reward"][2, 3] = 5.0
     assert slots.arrays["reward"][2, 3] == 5.0  # numpy and torch share the memory
-    process = spawn.Process(target=fill_reward, args=(slots, 1, 4.0))
+    process = processes.Process(target=fill_reward, args=(slots, 1, 4.0))
     process.start()
     process.join(timeout=60)
     assert process.exitcode == 0
@@ -1167,19 +1167,19 @@ def report_thread_pools(results):
     results.put((torch.get_num_threads(), appo.envs.cv2.getNumThreads()))
 
 
-def test_a_child_process_computes_on_one_thread_in_torch_and_in_opencv(spawn):
+def test_a_child_process_computes_on_one_thread_in_torch_and_in_opencv(processes):
     """A rollout worker is one of many processes stepping envs: a thread pool of its own (OpenCV
     resizes every Doom and Atari frame; env.py sets its pool at import) only takes cores from the
     others (docs/results/throughput.md)."""
-    results = spawn.Queue()
-    child = spawn.Process(target=report_thread_pools, args=(results,))
+    results = processes.Queue()
+    child = processes.Process(target=report_thread_pools, args=(results,))
     child.start()
     pools = results.get(timeout=60)
     child.join(timeout=30)
     assert pools == (1, 1)  # (torch's threads, OpenCV's)
 
 
-def test_device_resident_weights_are_shared_not_copied_between_processes(spawn):
+def test_device_resident_weights_are_shared_not_copied_between_processes(processes):
     """With --device cuda the published weights live in GPU memory that every process maps
     (torch pickles CUDA tensors as IPC handles). No GPU here: this is a stand-in that puts the
     device copy in a CPU tensor, which torch pickles as shared memory, and runs the same code
@@ -1189,8 +1189,8 @@ def test_device_resident_weights_are_shared_not_copied_between_processes(spawn):
     source = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     weights = appo.SharedWeights(source, device=torch.device("cpu"))
     assert weights.flat is weights.device_flat and weights.buffer.size == 16  # only the counters on the host
-    results = spawn.Queue()
-    child = spawn.Process(target=publish_from_a_child, args=(weights, cfg, results))
+    results = processes.Queue()
+    child = processes.Process(target=publish_from_a_child, args=(weights, cfg, results))
     child.start()
     expected_sum = float(results.get(timeout=120))
     child.join(timeout=60)
@@ -1576,9 +1576,9 @@ def test_conv_weights_use_the_channels_last_layout_and_give_the_same_outputs():
     (3, 4, None, 3),  # round robin over the cores
     (1, 3, "1", 4),   # under torchrun, local rank 1's workers after rank 0's three
 ])
-def test_pinned_rollout_worker_takes_one_core_and_a_lower_priority(spawn, worker_id, num_workers, local_rank, core_index):
-    results = spawn.Queue()
-    process = spawn.Process(target=report_pinning, args=(worker_id, num_workers, local_rank, results))
+def test_pinned_rollout_worker_takes_one_core_and_a_lower_priority(processes, worker_id, num_workers, local_rank, core_index):
+    results = processes.Queue()
+    process = processes.Process(target=report_pinning, args=(worker_id, num_workers, local_rank, results))
     process.start()
     cores, niceness = results.get(timeout=60)
     process.join(timeout=60)

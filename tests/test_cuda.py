@@ -101,14 +101,14 @@ def result_of(child, results, timeout: float = 300.0):
 
 
 @pytest.mark.parametrize("encoder_dtype", ["float32", "bfloat16"])
-def test_learner_weights_reach_a_policy_worker_through_cuda_ipc_and_it_acts_as_the_learner(spawn, encoder_dtype):
+def test_learner_weights_reach_a_policy_worker_through_cuda_ipc_and_it_acts_as_the_learner(processes, encoder_dtype):
     cfg = gpu_cfg(encoder_dtype=encoder_dtype)
     runner_model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
     weights = appo.SharedWeights(runner_model, device=CUDA)  # the runner's allocation (create_shared)
     assert weights.flat.device.type == CUDA.type and weights.buffer.size == 16  # only the seqlock counters on the host
-    results = spawn.Queue()
+    results = processes.Queue()
     for target in (learner_publishes, policy_worker_loads):
-        child = spawn.Process(target=target, args=(weights, cfg, results))
+        child = processes.Process(target=target, args=(weights, cfg, results))
         child.start()
         outputs = result_of(child, results)
         child.join(timeout=60)

@@ -5,7 +5,6 @@ The conftest fixture checks /dev/shm and our child processes after each test; th
 check that no process of the run (tagged through its environment) outlives it.
 """
 import glob
-import multiprocessing
 import os
 import queue
 import re
@@ -157,14 +156,14 @@ def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path, co
     run.assert_nothing_left()
 
 
-def test_a_worker_still_starting_gets_the_start_up_allowance_and_then_the_env_step_timeout(capsys):
-    """A child is silent until its first heartbeat (spawning, importing torch): on a loaded machine
+def test_a_worker_still_starting_gets_the_start_up_allowance_and_then_the_env_step_timeout(capsys, processes):
+    """A child is silent until its first heartbeat (building its model, making its envs): on a loaded machine
     that can outlast a short --env_step_timeout, so until then Supervisor.START_UP_S applies. A real
     process that never beats stands in for a starting worker, then one that beat once and hung."""
     cfg = appo.parse_args(["--env_step_timeout", "0.5"])
     run = appo.RunState(num_workers=1, num_policies=1, num_processes=1)
     child = appo.Child("rollout worker 0", "rollout worker", 0, time.sleep, (60,), worker_id=0)
-    supervisor = appo.Supervisor(cfg, types.SimpleNamespace(run=run), [child], multiprocessing.get_context("spawn"))
+    supervisor = appo.Supervisor(cfg, types.SimpleNamespace(run=run), [child], processes)
     restarted = []
     supervisor.restart = lambda stopped: restarted.append(stopped.name) or True
     try:
@@ -288,11 +287,11 @@ def sleep_before_setting_up(seconds: float):
     time.sleep(seconds)  # a rollout worker that has not reached child_process_setup (no group of its own yet)
 
 
-def test_stopping_a_rollout_worker_that_has_no_process_group_yet_still_ends_it(spawn):
+def test_stopping_a_rollout_worker_that_has_no_process_group_yet_still_ends_it(processes):
     """ipc-review row 15: killing the worker's group killed nothing before it had called setpgid,
     and its slots were then reclaimed while it lived."""
     child = appo.Child("rollout worker 0", "rollout worker", 0, sleep_before_setting_up, (60.0,), worker_id=0)
-    child.process = spawn.Process(target=child.target, args=child.args, daemon=True)
+    child.process = processes.Process(target=child.target, args=child.args, daemon=True)
     child.process.start()
     assert os.getpgid(child.process.pid) == os.getpgid(0)  # in our group, not in one of its own
     started = time.monotonic()
@@ -313,11 +312,11 @@ def save_with_a_tiny_file_size_limit(train_dir: str, results):
         results.put(f"OSError {error.errno}")
 
 
-def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, spawn):
+def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, processes):
     cfg = appo.parse_args(["--train_dir", str(tmp_path), "--experiment", "full"])
     first = appo.save_checkpoint(cfg, 0, {"policy_version": 1, "env_frames": 10, "model": {"w": torch.ones(4)}})
-    results = spawn.Queue()
-    child = spawn.Process(target=save_with_a_tiny_file_size_limit, args=(str(tmp_path), results))
+    results = processes.Queue()
+    child = processes.Process(target=save_with_a_tiny_file_size_limit, args=(str(tmp_path), results))
     child.start()
     outcome = results.get(timeout=60)
     child.join()
@@ -408,7 +407,7 @@ def learner_given_one_slow_batch(cfg, shared, spaces_pair, training):
     learner.run(process_index=0)
 
 
-def test_shutdown_waits_longer_for_a_learner_finishing_its_batch_than_for_other_children(tmp_path):
+def test_shutdown_waits_longer_for_a_learner_finishing_its_batch_than_for_other_children(tmp_path, processes):
     """A learner stops after the batch in hand, then writes the final checkpoint: killed at the
     other children's grace, a slow batch lost the weights trained since the last checkpoint. Here a
     real learner is stopped seconds into a batch (its version still 0 once the stop is set): it
@@ -418,13 +417,12 @@ def test_shutdown_waits_longer_for_a_learner_finishing_its_batch_than_for_other_
                            "--num_epochs", "40", "--save_every_sec", "100000"])  # a batch of 160 SGD steps
     probe = appo.probe_env(cfg)
     shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
-    context = multiprocessing.get_context("spawn")  # as the runner starts its children
-    training = context.Event()
+    training = processes.Event()
     learner = appo.Child("learner 0", "learner", 0, learner_given_one_slow_batch,
                          (cfg, shared, probe.spaces, training))
     worker = appo.Child("policy worker 0", "policy worker", 1, time.sleep, (60.0,))  # a child that hangs
     for child in (learner, worker):
-        child.process = context.Process(target=child.target, args=child.args, daemon=True)
+        child.process = processes.Process(target=child.target, args=child.args, daemon=True)
         child.process.start()
     try:
         assert training.wait(timeout=120)
@@ -546,12 +544,12 @@ def leave_a_game_running(results):
                  "files_after": [path for path in files if os.path.exists(path)]})
 
 
-def test_a_rollout_worker_ends_the_env_processes_its_envs_left_running(spawn):
+def test_a_rollout_worker_ends_the_env_processes_its_envs_left_running(processes):
     """The GPU check's first run (16 cores) found VizDoom processes alive 30 s after a SIGKILLed
     runner, though every rollout worker had exited: whatever its envs' close missed, the worker
     now kills (its process group, sparing itself), and it removes their shared memory."""
-    results = spawn.Queue()
-    child = spawn.Process(target=leave_a_game_running, args=(results,))
+    results = processes.Queue()
+    child = processes.Process(target=leave_a_game_running, args=(results,))
     child.start()
     found = results.get(timeout=120)
     child.join(timeout=30)

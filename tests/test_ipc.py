@@ -1,5 +1,5 @@
 """The shared-memory core (csrc/): queue, shared buffers and slot control, across real processes
-started with the spawn method."""
+started as the runner starts its children (forked by a server process)."""
 import os
 import pickle
 import queue
@@ -15,7 +15,7 @@ import appo_ipc
 
 
 # ---------------------------------------------------------------------------------------------
-# Process bodies (module level so that spawn can import them)
+# Process bodies (module level so that a child can unpickle them)
 
 def produce(q, producer_id, num_messages, batch):
     for start in range(0, num_messages, batch):
@@ -98,12 +98,12 @@ def test_get_many_respects_max_messages():
     assert q.get_many(max_messages=100) == [(i,) for i in range(3, 10)]
 
 
-def test_every_message_arrives_exactly_once_in_producer_order(spawn):
+def test_every_message_arrives_exactly_once_in_producer_order(processes):
     num_producers, num_consumers, per_producer = 8, 2, 12_500  # 100k messages
     q = appo_ipc.Queue(max_size_bytes=64 * 1024)  # small ring: producers really block on full
-    results = spawn.Queue()
-    consumers = [spawn.Process(target=drain_until_closed, args=(q, results)) for _ in range(num_consumers)]
-    producers = [spawn.Process(target=produce, args=(q, p, per_producer, 50)) for p in range(num_producers)]
+    results = processes.Queue()
+    consumers = [processes.Process(target=drain_until_closed, args=(q, results)) for _ in range(num_consumers)]
+    producers = [processes.Process(target=produce, args=(q, p, per_producer, 50)) for p in range(num_producers)]
     for process in consumers + producers:
         process.start()
     for process in producers:
@@ -176,10 +176,10 @@ def test_close_wakes_a_blocked_getter_and_later_calls_raise():
         q.get_many(block=False)
 
 
-def test_close_wakes_a_getter_in_another_process(spawn):
+def test_close_wakes_a_getter_in_another_process(processes):
     q = appo_ipc.Queue()
-    results = spawn.Queue()
-    process = spawn.Process(target=drain_until_closed, args=(q, results))
+    results = processes.Queue()
+    process = processes.Process(target=drain_until_closed, args=(q, results))
     process.start()
     q.put((7,))
     deadline = time.monotonic() + 60
@@ -204,11 +204,11 @@ def test_oversize_message_raises_at_once_naming_both_sizes():
     assert q.get() == (1,)
 
 
-def test_a_process_killed_while_holding_the_lock_does_not_deadlock_others(spawn, tmp_path):
+def test_a_process_killed_while_holding_the_lock_does_not_deadlock_others(processes, tmp_path):
     q = appo_ipc.Queue()
     q.put((1,))
     ready_path = str(tmp_path / "locked")
-    holder = spawn.Process(target=hold_lock_forever, args=(q, ready_path))
+    holder = processes.Process(target=hold_lock_forever, args=(q, ready_path))
     holder.start()
     wait_for_file(ready_path)
     with pytest.raises(queue.Empty):  # the lock is held: a get cannot proceed
@@ -221,13 +221,13 @@ def test_a_process_killed_while_holding_the_lock_does_not_deadlock_others(spawn,
     assert q.get() == (2,)
 
 
-def test_producers_killed_at_random_moments_never_corrupt_the_ring(spawn):
+def test_producers_killed_at_random_moments_never_corrupt_the_ring(processes):
     q = appo_ipc.Queue(max_size_bytes=4096)
     rng = random.Random(0)
     received = []
     for round_index in range(12):
-        started = [spawn.Event() for _ in range(3)]
-        producers = [spawn.Process(target=produce_checked_forever, args=(q, round_index * 10 + p, started[p]))
+        started = [processes.Event() for _ in range(3)]
+        producers = [processes.Process(target=produce_checked_forever, args=(q, round_index * 10 + p, started[p]))
                      for p in range(3)]
         for process in producers:
             process.start()
@@ -264,9 +264,9 @@ def test_producers_killed_at_random_moments_never_corrupt_the_ring(spawn):
         assert seqs == list(range(len(seqs)))
 
 
-def test_pickled_queue_reattaches_in_a_spawned_process(spawn):
+def test_pickled_queue_reattaches_in_another_process(processes):
     q = appo_ipc.Queue()
-    process = spawn.Process(target=produce, args=(q, 3, 10, 4))
+    process = processes.Process(target=produce, args=(q, 3, 10, 4))
     process.start()
     process.join(timeout=30)
     assert process.exitcode == 0
@@ -276,11 +276,11 @@ def test_pickled_queue_reattaches_in_a_spawned_process(spawn):
 # ---------------------------------------------------------------------------------------------
 # Shared buffers and slot control
 
-def test_a_buffer_written_in_one_process_is_read_in_another(spawn):
+def test_a_buffer_written_in_one_process_is_read_in_another(processes):
     buffer = appo_ipc.SharedBuffer(4 * 1000)
     view = np.frombuffer(buffer, dtype=np.float32)
     assert view.shape == (1000,) and not view.any()
-    process = spawn.Process(target=write_buffer, args=(buffer, 2.5))
+    process = processes.Process(target=write_buffer, args=(buffer, 2.5))
     process.start()
     process.join(timeout=30)
     assert process.exitcode == 0
@@ -304,10 +304,10 @@ def test_slots_are_handed_out_once_and_returned():
     assert slots.acquire(owner=1) == taken[0]
 
 
-def test_reclaim_returns_the_slots_of_a_dead_worker(spawn):
+def test_reclaim_returns_the_slots_of_a_dead_worker(processes):
     slots = appo_ipc.SlotControl(num_slots=10, num_workers=2, num_splits=2)
-    done = spawn.Event()
-    worker = spawn.Process(target=acquire_slots_and_die, args=(slots, 5, 6, done))
+    done = processes.Event()
+    worker = processes.Process(target=acquire_slots_and_die, args=(slots, 5, 6, done))
     worker.start()
     assert done.wait(20)
     os.kill(worker.pid, signal.SIGKILL)
@@ -317,11 +317,11 @@ def test_reclaim_returns_the_slots_of_a_dead_worker(spawn):
     assert slots.free_count == 10
 
 
-def test_slots_survive_a_process_killed_while_holding_their_lock(spawn, tmp_path):
+def test_slots_survive_a_process_killed_while_holding_their_lock(processes, tmp_path):
     slots = appo_ipc.SlotControl(num_slots=3, num_workers=1, num_splits=1)
     first = slots.acquire(owner=0)
     ready_path = str(tmp_path / "locked")
-    holder = spawn.Process(target=hold_lock_forever, args=(slots, ready_path))
+    holder = processes.Process(target=hold_lock_forever, args=(slots, ready_path))
     holder.start()
     wait_for_file(ready_path)
     assert slots.acquire(owner=0, timeout=0.2) is None  # the lock is held: nobody gets in
@@ -344,7 +344,7 @@ def test_a_blocked_acquire_wakes_when_a_slot_is_released():
     assert got == [held]
 
 
-def test_split_flags_report_the_split_whose_actions_all_arrived(spawn):
+def test_split_flags_report_the_split_whose_actions_all_arrived(processes):
     slots = appo_ipc.SlotControl(num_slots=1, num_workers=2, num_splits=2)
     assert slots.wait_any(worker=0, timeout=0.05) is None  # every split idle: nothing to wait for
     generation = slots.set_pending(worker=0, split=1, num_requests=3)
@@ -356,7 +356,7 @@ def test_split_flags_report_the_split_whose_actions_all_arrived(spawn):
     assert slots.pending(0, 1) == -1  # claimed: idle again
     # Answers from another process wake a sleeping rollout worker.
     generation = slots.set_pending(worker=1, split=0, num_requests=5)
-    answerer = spawn.Process(target=answer_split, args=(slots, 1, 0, generation, 5))
+    answerer = processes.Process(target=answer_split, args=(slots, 1, 0, generation, 5))
     answerer.start()
     assert slots.wait_any(worker=1, timeout=30) == 0
     answerer.join(timeout=10)
@@ -544,8 +544,8 @@ def crash_at(shared_object, point, operation, args):
     os._exit(3)  # the crash point was never reached
 
 
-def die_at(spawn, shared_object, point, operation, *args):
-    process = spawn.Process(target=crash_at, args=(shared_object, point, operation, args))
+def die_at(processes, shared_object, point, operation, *args):
+    process = processes.Process(target=crash_at, args=(shared_object, point, operation, args))
     process.start()
     process.join(timeout=60)
     assert process.exitcode == -signal.SIGKILL, f"{operation} never reached {point} (exit code {process.exitcode})"
@@ -569,16 +569,16 @@ GET_EFFECT = {"commit_after_journal": False, "commit_after_valid": True, "commit
 
 
 @pytest.mark.parametrize("operation,point", [("put", p) for p in PUT_EFFECT] + [("get", p) for p in GET_EFFECT])
-def test_a_queue_user_killed_inside_its_critical_section_leaves_the_old_ring_or_the_new_one(spawn, operation, point):
+def test_a_queue_user_killed_inside_its_critical_section_leaves_the_old_ring_or_the_new_one(processes, operation, point):
     """Review row 3: a kill at each store of a put or a get (crash points compiled into the module)
     leaves the ring before or after the call, never a mix, and the ring works on."""
     q, model = ring_with_wrapped_messages()
     new_message = (6, 6, 6)
     if operation == "put":
-        die_at(spawn, q, point, "put", new_message)
+        die_at(processes, q, point, "put", new_message)
         expected = model + [new_message] if PUT_EFFECT[point] else model
     else:
-        die_at(spawn, q, point, "get_many")  # takes both: lost with the getter, or never taken
+        die_at(processes, q, point, "get_many")  # takes both: lost with the getter, or never taken
         expected = [] if GET_EFFECT[point] else model
     if expected:
         assert q.get_many(block=False) == expected
@@ -591,12 +591,12 @@ def test_a_queue_user_killed_inside_its_critical_section_leaves_the_old_ring_or_
         assert q.get_many() == [(round_index, 1), (round_index, 2)]
 
 
-def test_a_recoverer_killed_while_it_repairs_is_itself_recovered(spawn):
+def test_a_recoverer_killed_while_it_repairs_is_itself_recovered(processes):
     """Review row 3: the repair cleared the journal before it restored the state (as GCC -O2
     compiled it), so a recoverer killed in between left the next one a torn ring."""
     q, model = ring_with_wrapped_messages()
-    die_at(spawn, q, "commit_after_valid", "put", (6, 6, 6))  # leaves a journal to replay
-    die_at(spawn, q, "repair_after_state", "get_many")  # the recoverer dies inside the repair
+    die_at(processes, q, "commit_after_valid", "put", (6, 6, 6))  # leaves a journal to replay
+    die_at(processes, q, "repair_after_state", "get_many")  # the recoverer dies inside the repair
     assert q.get_many(block=False) == model + [(6, 6, 6)]
     q.put((7,))
     assert q.get() == (7,)
@@ -613,19 +613,19 @@ def all_slots_once(slots, held):
 
 @pytest.mark.parametrize("point", ["acquire_after_owner", "release_after_marks", "release_after_push",
                                    "reclaim_after_push"])
-def test_a_slot_user_killed_inside_its_critical_section_loses_no_slot(spawn, point):
+def test_a_slot_user_killed_inside_its_critical_section_loses_no_slot(processes, point):
     """Review rows 4/5: the free stack and the owner table stay one account through a death at
     each store of acquire, release and reclaim."""
     slots = appo_ipc.SlotControl(num_slots=6, num_workers=1, num_splits=1)
     mine = [slots.acquire(owner=0) for _ in range(3)]
     if point == "acquire_after_owner":
-        die_at(spawn, slots, point, "acquire", 5)
+        die_at(processes, slots, point, "acquire", 5)
         assert slots.reclaim(5) == 1  # the dead acquirer owned it: the runner's reclaim returns it
     elif point.startswith("release"):
-        die_at(spawn, slots, point, "release", mine[:2])
+        die_at(processes, slots, point, "release", mine[:2])
         mine = mine[2:]
     else:
-        die_at(spawn, slots, point, "reclaim", 0)
+        die_at(processes, slots, point, "reclaim", 0)
         assert slots.reclaim(0) == 2  # the dead reclaimer had freed the first; the rest are still 0's
         mine = []
     all_slots_once(slots, mine)
@@ -637,7 +637,7 @@ def kill_after(pid, seconds):
     os.kill(pid, signal.SIGKILL)
 
 
-def test_waiting_for_a_lock_another_process_holds_lets_python_run(spawn, tmp_path):
+def test_waiting_for_a_lock_another_process_holds_lets_python_run(processes, tmp_path):
     """Review row 8: release() held the GIL while it waited for the slots' lock, so every thread of
     the learner stopped while any process held it; a non-blocking get waited for the lock for as
     long as its holder lived (for ever, if that process was frozen)."""
@@ -647,10 +647,10 @@ def test_waiting_for_a_lock_another_process_holds_lets_python_run(spawn, tmp_pat
     holders = []
     for index, shared_object in enumerate((slots, q)):
         ready_path = str(tmp_path / f"locked{index}")
-        holders.append(spawn.Process(target=hold_lock_forever, args=(shared_object, ready_path)))
+        holders.append(processes.Process(target=hold_lock_forever, args=(shared_object, ready_path)))
         holders[-1].start()
         wait_for_file(ready_path)
-    killer = spawn.Process(target=kill_after, args=(holders[0].pid, 3.0))  # ends the test either way
+    killer = processes.Process(target=kill_after, args=(holders[0].pid, 3.0))  # ends the test either way
     killer.start()
     releaser = threading.Thread(target=slots.release, args=([slot],))
     releaser.start()

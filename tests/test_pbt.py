@@ -83,13 +83,13 @@ def test_round_keeps_a_worst_policy_whose_objective_is_close_to_the_best():
     assert [(e["event"], e["policy_id"], e["source"]) for e in events] == [("replaced", 2, 0)]
 
 
-def test_hyperparams_are_shared_between_processes(spawn):
+def test_hyperparams_are_shared_between_processes(processes):
     cfg = pbt_cfg(num_policies=2)
     hyperparams = appo.PolicyHyperparams(cfg, {"frag": 1.0, "death": -0.5})
     assert hyperparams.names == ["learning_rate", "exploration_loss_coeff", "adam_beta1", "reward/frag", "reward/death"]
     assert hyperparams.row(1) == {"learning_rate": cfg.learning_rate, "exploration_loss_coeff": cfg.exploration_loss_coeff,
                                   "adam_beta1": cfg.adam_beta1, "reward/frag": 1.0, "reward/death": -0.5}
-    process = spawn.Process(target=double_frag_weight, args=(hyperparams, 1))
+    process = processes.Process(target=double_frag_weight, args=(hyperparams, 1))
     process.start()
     process.join(timeout=60)
     assert process.exitcode == 0
