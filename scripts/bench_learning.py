@@ -1,7 +1,10 @@
 #!/usr/bin/env python
-"""Learning at equal frames: appo.py against Sample Factory 2.1.1 on the benchmark suite.
+"""Learning at equal frames: appo.py against Sample Factory 2.1.1 on the benchmark suite, and
+against Stable-Baselines3's PPO with rl-zoo3's tuned hyperparameters on gym: envs.
 
     python scripts/bench_learning.py --sf_python .venv-sf/bin/python
+    python scripts/bench_learning.py --envs gym:Hopper-v5 --trainers appo,sb3 --sb3_python .venv-sb3/bin/python \
+        --results_dir docs/bench/gym
     python scripts/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
     python scripts/bench_learning.py --report_only          # the table and plots from saved results
     python scripts/bench_learning.py --headline             # the README's table, from four folders of runs
@@ -34,6 +37,7 @@ output for --stall_seconds) count as failures, are reported, and leave no proces
 /dev/shm entry behind.
 """
 import argparse
+import functools
 import glob
 import hashlib
 import itertools
@@ -90,6 +94,7 @@ GYM = {
     "gym:Hopper-v5": 1_000_000,
     "gym:Walker2d-v5": 1_000_000,
     "gym:InvertedPendulum-v5": 1_000_000,
+    "gym:LunarLander-v3": 1_000_000,  # pip install -e .[box2d]; rl-zoo3's budget (none from CleanRL)
 }
 # pz: envs, appo.py alone, at the pz: family's defaults (results in docs/bench/pettingzoo): a frame
 # is one agent's step, so mpe2's simple_spread (3 agents, 25-step games) plays 1M / 75 games a seed.
@@ -103,6 +108,7 @@ BUDGETS = {**AGAINST_SF, **GYM, **PZ}
 # since seeds 4 and 5 moved breakout's median again, and (5, 3) since a third Sample Factory seed
 # on space_invaders scored below three of appo.py's five (docs/results/learning.md, the Atari table).
 SEEDS = {"doom": (3, 2), "atari": (5, 3), "gym": (3, 0), "pz": (3, 0)}
+SB3_SEEDS = 3  # Stable-Baselines3's seeds per gym: env, as many as appo.py's
 # The system configuration both trainers share. The rollout is each family's in Sample Factory's
 # published configuration (its cfg.py default 32; atari_params.py 128). Atari runs 8 envs, as
 # atari_params.py does (8 workers x 1 env): its defaults train synchronously (async_rl False), which
@@ -152,6 +158,14 @@ SF_ENV_NAMES = {"atari_space_invaders": "atari_spaceinvaders"}
 # training rewards, which its doom_utils.py scales by DoomSpec.reward_scaling: undone here.
 SF_SCORE_SCALE = {"doom_basic": 100.0, "doom_deadly_corridor": 100.0}
 APPO_SCORE_TAG, APPO_FRAMES_TAG = "p0/true_return", "p0/frames_trained"
+# Stable-Baselines3 (--trainers sb3, gym: envs): rl-zoo3's train script with the zoo's PPO
+# hyperparameters for the env id, or, where the zoo has none for this version (it tunes v4 MuJoCo
+# envs; we run v5), for the newest version it has, which the result file names (zoo_entry). Its
+# score is rollout/ep_rew_mean: the mean over the last 100 finished episodes of the return that its
+# Monitor wrapper records below VecNormalize, i.e. the env's own reward, against env steps: the
+# same metric and axis as appo.py's true_return against frames trained (frameskip 1).
+SB3_SCORE_TAG = "rollout/ep_rew_mean"
+BASELINE_NAMES = {"sf": "Sample Factory", "sb3": "SB3 + rl-zoo3"}
 # Sample Factory's score of a finished game, by family. Its avg_true_objective is the sum of the
 # rewards of an *episode*; on Atari, EpisodicLifeEnv ends an episode at every lost life and
 # ClipRewardEnv clips its rewards, so that is a per-life, clipped sum. The whole game's raw score
@@ -211,6 +225,10 @@ def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
         config.update(extra_flags=args.appo_flags.split(), code=appo_code_hash())
         if env_name in SF_SCENARIO_FILES:  # the folder is this machine's; the key names whose files
             config["scenario_files"] = "sample_factory"
+    elif trainer == "sb3":
+        entry, hyperparams = zoo_hyperparams(args.sb3_python, gym_id(env_name))
+        config.update(zoo_entry=entry, hyperparams=hyperparams, threads=os.cpu_count(),
+                      setup=code_hash([os.path.join(REPO, "scripts", "setup_sb3.sh")]))
     else:
         config.update(extra_flags=SF_CONFIGS[args.sf_config] + args.sf_flags.split(),
                       launcher=SF_MODULES[family(env_name)],
@@ -222,19 +240,56 @@ def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
     return config
 
 
+def gym_id(env_name: str) -> str:
+    return env_name.removeprefix("gym:")
+
+
+@functools.lru_cache(maxsize=None)
+def zoo_hyperparams(sb3_python: str | None, env_id: str) -> tuple[str, dict]:
+    """rl-zoo3's PPO entry for `env_id` (its hyperparams/ppo.yml, as installed for `sb3_python`):
+    the env's own, else that of the newest version of the same env it tunes; (entry, settings)."""
+    if not sb3_python:
+        return "not read (no --sb3_python)", {}
+    code = ("import json, os, rl_zoo3, yaml\n"
+            "with open(os.path.join(os.path.dirname(rl_zoo3.__file__), 'hyperparams', 'ppo.yml')) as f:\n"
+            "    print(json.dumps(yaml.safe_load(f)))")
+    zoo = json.loads(subprocess.run([sb3_python, "-c", code], capture_output=True, text=True, check=True).stdout)
+    entry = zoo_entry_for(zoo, env_id)
+    if entry is None:
+        raise SystemExit(f"error: rl-zoo3 has no PPO hyperparameters for {env_id} or another version of it")
+    return entry, zoo[entry]
+
+
+def zoo_entry_for(zoo: dict, env_id: str) -> str | None:
+    """`env_id` if the zoo tunes it, else the newest version of the same env that it tunes."""
+    if env_id in zoo:
+        return env_id
+    name = env_id.rsplit("-v", 1)[0]
+    versions = sorted((int(key.rsplit("-v", 1)[1]), key) for key in zoo
+                      if key.rsplit("-v", 1)[0] == name and key.rsplit("-v", 1)[1].isdigit())
+    return versions[-1][1] if versions else None
+
+
 def config_key(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def same_but_code(saved: dict, config: dict) -> bool:
-    """Was `saved` run with `config`, except perhaps at another version of appo.py's code?"""
-    return {**saved["config"], "code": None} == {**config, "code": None}
+# What --report_only cannot know without the trainers' interpreters or the machine that ran them:
+# SB3's zoo entry and settings (read through --sb3_python) and its threads (the machine's cores).
+NOT_KNOWN_WHEN_REPORTING = ("zoo_entry", "hyperparams", "threads")
+
+
+def same_but_code(saved: dict, config: dict, also: tuple = ()) -> bool:
+    """Was `saved` run with `config`, except perhaps at another version of appo.py's code (and
+    other values of the fields in `also`)?"""
+    ignored = dict.fromkeys(("code", *also))
+    return {**saved["config"], **ignored} == {**config, **ignored}
 
 
 def result_path(args, trainer: str, env_name: str, seed: int) -> str:
     # Sample Factory's named configurations other than its published one get files of their own, so
     # that both can live in one folder (a held-out env's, say)
-    label = trainer if trainer == "appo" or args.sf_config == "published" else f"sf_{args.sf_config}"
+    label = trainer if trainer in ("appo", "sb3") or args.sf_config == "published" else f"sf_{args.sf_config}"
     return os.path.join(args.results_dir, env_name, f"{label}_seed{seed}.json")
 
 
@@ -259,6 +314,16 @@ def save_json(path: str, data: dict):
 # ---------------------------------------------------------------------------------------------
 
 def trainer_command(args, config: dict, train_dir: str) -> list[str]:
+    if config["trainer"] == "sb3":
+        # rl-zoo3 reads the hyperparameters by env id: the entry chosen goes in a file under this id
+        # (JSON is YAML, and rl-zoo3 takes a .yml)
+        conf_file = os.path.join(train_dir, "zoo_ppo.yml")
+        with open(conf_file, "w") as f:
+            json.dump({gym_id(config["env"]): config["hyperparams"]}, f)
+        return [args.sb3_python, "-m", "rl_zoo3.train", "--algo", "ppo", "--env", gym_id(config["env"]),
+                "--conf-file", conf_file, "-n", str(config["frames"]), "--seed", str(config["seed"]),
+                "--num-threads", str(config["threads"]), "--eval-freq", "-1", "--log-folder",
+                os.path.join(train_dir, "run"), "--tensorboard-log", os.path.join(train_dir, "run", "tb")]
     appo = config["trainer"] == "appo"
     env_name = config["env"] if appo else SF_ENV_NAMES.get(config["env"], config["env"])
     common = ["--env", env_name, *config["system"], "--seed", str(config["seed"]), "--train_dir", train_dir,
@@ -402,12 +467,25 @@ def sf_curve(train_dir: str, started_at: float, env_name: str) -> list[list[floa
                    for event in events.get(SF_SCORE_TAGS[family(env_name)], [])), key=lambda point: point[1])
 
 
+def sb3_curve(train_dir: str, started_at: float) -> list[list[float]]:
+    """Stable-Baselines3 writes its summaries at env steps (num_timesteps) under a folder per run
+    (tb/<env id>/PPO_1)."""
+    folders = glob.glob(os.path.join(train_dir, "run", "tb", "*", "PPO_*"))
+    if len(folders) != 1:
+        raise RuntimeError(f"expected one run of summaries in {train_dir}/run/tb, found {len(folders)}")
+    events = scalar_events(folders[0])
+    return sorted(([event.wall_time - started_at, event.step, event.value] for event in events.get(SB3_SCORE_TAG, [])),
+                  key=lambda point: point[1])
+
+
 def frame_axis_check(trainer: str, train_dir: str, env_name: str) -> str | None:
     """None if the trainer's saved configuration counts frames as env frames with frameskip;
     otherwise what is wrong."""
     import env as envs
 
     expected = envs.env_defaults(env_name).get("env_frameskip", 1)
+    if trainer == "sb3":  # it counts env steps: frames only where the env skips none
+        return None if expected == 1 else f"Stable-Baselines3 counts env steps, and {env_name} skips {expected} frames"
     saved = load_result(os.path.join(train_dir, "run", "config.json")) or {}  # both trainers save one there
     skip = saved.get("env_frameskip")
     if trainer == "appo":
@@ -429,7 +507,8 @@ def machine() -> dict:
 
 
 # The packages whose versions decide what a run computes: torch, and each env family's engine.
-VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "vizdoom", "ale-py", "mujoco", "pettingzoo", "sample-factory")
+VERSIONED_PACKAGES = ("torch", "numpy", "gymnasium", "vizdoom", "ale-py", "mujoco", "box2d", "pettingzoo",
+                      "sample-factory", "stable-baselines3", "rl_zoo3")
 
 
 def package_versions(python: str) -> dict:
@@ -445,7 +524,7 @@ def package_versions(python: str) -> dict:
 def trainer_precision(trainer: str, train_dir: str) -> str:
     """The precision a run trained in, as the trainer saved it: appo.py's resolved --encoder_dtype
     (`auto` becomes bfloat16 where the CPU computes it, so the same command differs by machine);
-    Sample Factory 2.1.1 trains in float32 (it has no reduced-precision setting)."""
+    Sample Factory 2.1.1 and Stable-Baselines3 train in float32 (neither has a reduced-precision setting)."""
     if trainer != "appo":
         return "float32"
     saved = load_result(os.path.join(train_dir, "run", "config.json")) or {}
@@ -468,6 +547,7 @@ def run_one(args, config: dict) -> dict:
         curve = []
         try:
             curve = (appo_curve(train_dir, outcome["started_at"]) if trainer == "appo"
+                     else sb3_curve(train_dir, outcome["started_at"]) if trainer == "sb3"
                      else sf_curve(train_dir, outcome["started_at"], env_name))
             if trainer == "appo":
                 outcome["lag_avg_median"] = appo_lag(train_dir)
@@ -485,7 +565,8 @@ def run_one(args, config: dict) -> dict:
         log_tail = f.read().splitlines()[-20:]
     result = {"key": config_key(config), "config": config, "command": " ".join(command), "commit": git_commit(),
               **outcome, "load_before": load_before, "machine": machine(), "precision": precision,
-              "versions": package_versions(sys.executable if trainer == "appo" else args.sf_python), "curve": curve,
+              "versions": package_versions({"appo": sys.executable, "sf": args.sf_python, "sb3": args.sb3_python}[trainer]),
+              "curve": curve,
               "log_tail": log_tail if outcome["status"] != "ok" else []}
     os.remove(log_path)  # the curve and the tail are kept; whole logs would bloat the repo
     print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: {outcome['status']} in "
@@ -581,9 +662,17 @@ def spread(values: list) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
 
+def baseline_of(env_name: str) -> str:
+    """The trainer appo.py is read beside: Stable-Baselines3 on gym: envs, else Sample Factory."""
+    return "sb3" if family(env_name) == "gym" else "sf"
+
+
 def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], task: str) -> dict:
-    row = {"env": env_name, "frames": frames, "task": task}
-    for trainer in ("appo", "sf"):
+    """The row of one env: appo.py's figures under "appo", its baseline's under "sf" or "sb3"
+    ("baseline" says which), and the figures comparing the two."""
+    baseline = baseline_of(env_name)
+    row = {"env": env_name, "frames": frames, "task": task, "baseline": baseline}
+    for trainer in ("appo", baseline):
         runs = results.get(trainer, [])
         ok = [r for r in runs if r["status"] == "ok"]
         row[trainer] = {
@@ -593,11 +682,12 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
             "commit": sorted({r["commit"] for r in ok}),
             "code": sorted({r["config"].get("code", "-") for r in ok}),
             "extra_flags": extra_flags_of(ok),
+            "zoo_entry": sorted({r["config"]["zoo_entry"] for r in ok if "zoo_entry" in r["config"]}),
             "precision": [r.get("precision", "not recorded") for r in ok],
             "shared_machine": [f"seed {r['config']['seed']}: {r['other_cpu_share']:.0%} of the CPU went elsewhere"
                                for r in ok if r.get("other_cpu_share", 0.0) > CONTENDED_SHARE],
         }
-    sf_scores = [s for s in row["sf"]["scores"] if s is not None]
+    sf_scores = [s for s in row[baseline]["scores"] if s is not None]  # the baseline's, Sample Factory's or SB3's
     appo_scores = [s for s in row["appo"]["scores"] if s is not None]
     row["sf_final_median"] = statistics.median(sf_scores) if sf_scores else None
     row["appo_median"] = statistics.median(appo_scores) if appo_scores else None
@@ -609,7 +699,7 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
         # a seed that never got there counts as infinitely slow: the median exists if most got there
         median = statistics.median([math.inf if t is None else t for t in times]) if times else math.inf
         row["appo_s_to_sf_final_median"] = None if math.isinf(median) else median
-        sf_wall = statistics.median(row["sf"]["wall_s"]) if row["sf"]["wall_s"] else None
+        sf_wall = statistics.median(row[baseline]["wall_s"]) if row[baseline]["wall_s"] else None
         row["time_ratio"] = (row["appo_s_to_sf_final_median"] / sf_wall
                              if sf_wall and row["appo_s_to_sf_final_median"] is not None else None)
     return row
@@ -627,6 +717,43 @@ def minutes(values: list) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
+    """One table for the rows read beside Sample Factory, one for those read beside SB3."""
+    tables = []
+    for baseline in BASELINE_NAMES:
+        chosen = [row for row in rows if row.get("baseline", "sf") == baseline]
+        if chosen or (baseline == "sf" and not rows):
+            tables.append(format_baseline_table(chosen) if baseline == "sf" else format_sb3_table(chosen))
+    return "\n\n".join(tables)
+
+
+def format_sb3_table(rows: list[dict]) -> str:
+    lines = [
+        "Scores at equal steps: each trainer's mean true return over its last 100 training episodes at the step",
+        "budget, median [min, max] over seeds (n = seeds). Stable-Baselines3's PPO runs with rl-zoo3's tuned",
+        "hyperparameters for the entry named (the zoo tunes v4 MuJoCo envs; these are v5), float32, on",
+        "--num-threads as many threads as the machine has cores; appo.py at its gym: family defaults. Wall-clock:",
+        "median minutes from launch to the budget. p = exact one-sided rank-sum p-value that appo.py's scores",
+        "are lower than SB3's.",
+        "",
+        "| env | steps | appo.py (n) | SB3 + rl-zoo3 (n) | zoo entry | p | appo min | SB3 min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        appo, sb3 = row["appo"], row["sb3"]
+        p_value = "-" if row.get("p_appo_below") is None else f"{row['p_appo_below']:.2f}"
+        lines.append(f"| {row['env']} | {row['frames'] / 1e6:g}M | {spread(appo['scores'])} ({len(appo['scores'])}) | "
+                     f"{spread(sb3['scores'])} ({len(sb3['scores'])}) | {', '.join(sb3['zoo_entry']) or '-'} | "
+                     f"{p_value} | {minutes(appo['wall_s'])} | {minutes(sb3['wall_s'])} |")
+    notes = [f"{row['env']} {trainer}: {note}" for row in rows for trainer in ("appo", "sb3")
+             for note in row[trainer]["failures"] + row[trainer]["shared_machine"]]
+    if notes:
+        lines += ["", "Failed runs, and runs that shared the machine with another job:", *[f"- {n}" for n in notes]]
+    codes = sorted({c for row in rows for c in row["appo"]["code"]})
+    lines += ["", f"appo.py code (hash of appo.py, env.py, csrc/): {', '.join(codes) or '-'}"]
+    return "\n".join(lines)
+
+
+def format_baseline_table(rows: list[dict]) -> str:
     lines = [
         "Scores at equal frames: each trainer's average game score over its last 100 games at the frame budget,",
         "frames = env frames (frameskip included) the learner has trained on, for both trainers; median [min, max]",
@@ -766,10 +893,12 @@ def kept_in(folder: str) -> str:
 
 def run_configuration(run: dict) -> str:
     """What a run was, beyond env, trainer and seed: appo.py's flags beyond its family's defaults
-    and its code; Sample Factory's named configuration (its published one by default)."""
+    and its code; Sample Factory's named configuration (its published one by default); SB3's zoo entry."""
     config = run["config"]
     if config["trainer"] == "appo":
         return f"{' '.join(config.get('extra_flags', [])) or 'defaults'}, code {config.get('code', '-')[:8]}"
+    if config["trainer"] == "sb3":
+        return f"rl-zoo3's {config['zoo_entry']} entry"
     return config.get("sf_config", "published")
 
 
@@ -789,7 +918,7 @@ def contention_table(root: str = BENCH_DIR) -> str:
     lines = list(CONTENTION_HEADER)
     for (_, folder, env_name, trainer, configuration), seeds in sorted(rows.items()):
         seeds.sort()
-        lines.append(f"| {env_name} | {'appo.py' if trainer == 'appo' else 'Sample Factory'} | {configuration} | "
+        lines.append(f"| {env_name} | {'appo.py' if trainer == 'appo' else BASELINE_NAMES[trainer]} | {configuration} | "
                      f"{', '.join(str(seed) for seed, _ in seeds)} | "
                      f"{', '.join(f'{share:.1%}' for _, share in seeds)} | {kept_in(folder)} |")
     others = [run["other_cpu_share"] for _, run in runs if run["other_cpu_share"] <= CONTENDED_SHARE]
@@ -821,7 +950,9 @@ def plot_env(env_name: str, results: dict[str, list[dict]], path: str):
     import matplotlib.pyplot as plt
 
     figure, (by_frames, by_time) = plt.subplots(1, 2, figsize=(11, 4))
-    for trainer, label, color in (("appo", "appo.py", "tab:blue"), ("sf", "Sample Factory 2.1.1", "tab:orange")):
+    baseline = baseline_of(env_name)
+    baseline_label = {"sf": "Sample Factory 2.1.1", "sb3": "Stable-Baselines3 PPO, rl-zoo3's settings"}[baseline]
+    for trainer, label, color in (("appo", "appo.py", "tab:blue"), (baseline, baseline_label, "tab:orange")):
         runs = [r for r in results.get(trainer, []) if r["status"] == "ok" and len(r["curve"]) > 1]
         curves = [r["curve"] for r in runs]
         if not curves:
@@ -832,14 +963,14 @@ def plot_env(env_name: str, results: dict[str, list[dict]], path: str):
             median, low, high = band(curves, axis, grid, hold_last=axis == 0)
             panel.plot(grid / scale, median, color=color, label=f"{label} (median of {len(curves)})")
             panel.fill_between(grid / scale, low, high, color=color, alpha=0.2)
-    by_frames.set_xlabel("env frames trained (millions, frameskip included)")
+    by_frames.set_xlabel("env frames trained (millions, frameskip included)" if baseline == "sf" else "env steps (millions)")
     by_time.set_xlabel("wall-clock minutes from launch")
     for panel in (by_frames, by_time):
         panel.set_ylabel("average game score (last 100 games)")
         panel.grid(alpha=0.3)
     if by_frames.get_legend_handles_labels()[0]:  # an env with no finished run yet draws empty panels
         by_frames.legend(loc="lower right")
-    figure.suptitle(f"{env_name}: appo.py vs Sample Factory, same system configuration, min-max band over seeds")
+    figure.suptitle(f"{env_name}: appo.py vs {BASELINE_NAMES[baseline]}, min-max band over seeds")
     figure.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     figure.savefig(path, dpi=90)
@@ -854,7 +985,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", default=",".join(SUITE),
                         help="comma-separated envs (default: the suite; HELD_OUT has envs no default was chosen on)")
-    parser.add_argument("--trainers", default="appo,sf", help="appo, sf or both")
+    parser.add_argument("--trainers", default="appo,sf",
+                        help="appo with sf (Doom, Atari) or sb3 (gym: envs), or one of them")
+    parser.add_argument("--sb3_python", default=None,
+                        help="Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes it); needed for its runs")
+    parser.add_argument("--sb3_seeds", type=int, default=None, help="seeds of SB3 per gym: env (default: SB3_SEEDS)")
     parser.add_argument("--sf_python", default=None,
                         help="Sample Factory's interpreter (scripts/setup_sample_factory.sh makes it); needed for "
                              "its runs and the task check")
@@ -888,11 +1023,16 @@ def parse_args(argv=None):
     args.trainers = [name for name in args.trainers.split(",") if name]
     problems = [f"--envs: {name} is not a doom_*, atari_*, gym: or pz: env" for name in args.envs
                 if family(name) not in SYSTEM]
-    problems += [f"--envs: {name} is run by appo.py alone: give --trainers appo" for name in args.envs
-                 if family(name) in ("gym", "pz") and "sf" in args.trainers]
+    problems += [f"--envs: {name} is not run by Sample Factory here: give --trainers appo (or appo,sb3 for gym: envs)"
+                 for name in args.envs if family(name) in ("gym", "pz") and "sf" in args.trainers]
     problems += [f"--envs: {name} has no frame budget in SUITE, HELD_OUT, GYM or PZ: give --frames" for name in args.envs
                  if name not in BUDGETS and args.frames is None]
-    problems += [f"--trainers: {name} is neither appo nor sf" for name in args.trainers if name not in ("appo", "sf")]
+    problems += [f"--envs: {name} is read beside Sample Factory, not SB3: give --trainers appo,sf" for name in args.envs
+                 if family(name) != "gym" and "sb3" in args.trainers]
+    problems += [f"--trainers: {name} is not appo, sf or sb3" for name in args.trainers if name not in ("appo", "sf", "sb3")]
+    if "sb3" in args.trainers and not args.report_only and not (args.sb3_python and os.path.isfile(args.sb3_python)):
+        problems.append("--sb3_python: give Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes one), "
+                        "or leave sb3 out of --trainers")
     if "sf" in args.trainers and not args.report_only and not (args.sf_python and os.path.isfile(args.sf_python)):
         problems.append("--sf_python: give Sample Factory's interpreter (scripts/setup_sample_factory.sh makes one), "
                         "or --trainers appo")
@@ -904,6 +1044,8 @@ def parse_args(argv=None):
     args.plot_dir = args.plot_dir or args.results_dir
     if args.sf_python:  # its runs and the task probe start in other folders
         args.sf_python = os.path.abspath(args.sf_python)
+    if args.sb3_python:
+        args.sb3_python = os.path.abspath(args.sb3_python)
     # asked of Sample Factory's interpreter once, for every run and probe that needs its map
     needed = args.sf_python and not args.report_only and any(name in SF_SCENARIO_FILES for name in args.envs)
     args.sf_scenarios_dir = sf_scenarios_dir(args.sf_python) if needed else None
@@ -912,7 +1054,8 @@ def parse_args(argv=None):
 
 def seeds_for(args, trainer: str, env_name: str) -> list[int]:
     appo_seeds, sf_seeds = SEEDS[family(env_name)]
-    count = (args.appo_seeds or appo_seeds) if trainer == "appo" else (args.sf_seeds or sf_seeds)
+    count = {"appo": args.appo_seeds or appo_seeds, "sf": args.sf_seeds or sf_seeds,
+             "sb3": args.sb3_seeds or SB3_SEEDS}[trainer]
     return list(range(1, count + 1))
 
 
@@ -933,26 +1076,27 @@ def main(argv=None):
             save_json(task_path, {"task": check_task(args, env_name), "commit": git_commit()})
         task = (load_result(task_path) or {}).get("task", "not checked (no --sf_python)" if env_name in AGAINST_SF
                                                   else "appo.py alone")
-        results = {}
-        for trainer in ("appo", "sf"):
-            results[trainer] = []
-            for seed in seeds_for(args, trainer, env_name):
-                config = run_config(args, trainer, env_name, seed)
-                path = result_path(args, trainer, env_name, seed)
-                saved = load_result(path)
-                if saved is not None and saved["status"] == "ok" and (
-                        saved.get("key") == config_key(config)
-                        or args.report_only and same_but_code(saved, config)):  # the footnote names its code
-                    results[trainer].append(saved)
-                    continue
-                if args.report_only or trainer not in args.trainers:
-                    continue  # nothing saved for this configuration, and not asked to run it
-                if saved is not None and not same_but_code(saved, config):  # a run at other code is re-run
-                    raise SystemExit(f"error: {path} holds a run of another configuration (flags or Sample Factory "
-                                     "configuration): give this one a --results_dir of its own")
-                result = run_one(args, config)
-                save_json(path, result)
-                results[trainer].append(result)
+        trainers = ("appo", baseline_of(env_name))
+        results = {trainer: [] for trainer in trainers}
+        # seed by seed, the trainers in turn: a slow drift of the machine falls on both alike
+        turns = sorted((seed, trainers.index(trainer)) for trainer in trainers for seed in seeds_for(args, trainer, env_name))
+        for seed, trainer in ((seed, trainers[index]) for seed, index in turns):
+            config = run_config(args, trainer, env_name, seed)
+            path = result_path(args, trainer, env_name, seed)
+            saved = load_result(path)
+            if saved is not None and saved["status"] == "ok" and (
+                    saved.get("key") == config_key(config)
+                    or args.report_only and same_but_code(saved, config, also=NOT_KNOWN_WHEN_REPORTING)):
+                results[trainer].append(saved)
+                continue
+            if args.report_only or trainer not in args.trainers:
+                continue  # nothing saved for this configuration, and not asked to run it
+            if saved is not None and not same_but_code(saved, config):  # a run at other code is re-run
+                raise SystemExit(f"error: {path} holds a run of another configuration (flags or Sample Factory "
+                                 "configuration): give this one a --results_dir of its own")
+            result = run_one(args, config)
+            save_json(path, result)
+            results[trainer].append(result)
         rows.append(summarize_env(env_name, args.frames or BUDGETS[env_name], results, task))
         if any(results.values()):
             plot_env(env_name, results, os.path.join(args.plot_dir, f"{env_name}.png"))

@@ -67,6 +67,53 @@ def test_sample_factorys_score_is_the_whole_games_raw_score_on_atari_and_the_tru
     assert [point[1:] for point in bench.sf_curve(str(tmp_path), 0.0, "doom_basic")] == [[1000, 400.0], [2000, 500.0]]
 
 
+def test_sb3s_score_is_read_as_appos_is_and_both_sit_in_one_row_at_equal_steps(tmp_path):
+    """Stable-Baselines3 writes rollout/ep_rew_mean (its Monitor's returns, last 100 episodes) at
+    env steps with torch's SummaryWriter, under tb/<env id>/PPO_1, as written here; appo.py its
+    true_return at frames trained. Both curves are read at the budget the same way, and a gym: env's
+    row and table put SB3 where a Doom env's put Sample Factory."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(os.path.join(tmp_path, "sb3", "run", "tb", "Hopper-v5", "PPO_1")) as writer:
+        for step, score in ((512, 20.0), (1024, 35.0), (1536, 50.0)):
+            writer.add_scalar("rollout/ep_rew_mean", score, step)
+            writer.add_scalar("train/loss", -score, step)  # any other tag is not the score
+    with SummaryWriter(os.path.join(tmp_path, "appo", "run", "tb")) as writer:
+        for step, trained, score in ((600, 512, 21.0), (1100, 1024, 40.0), (1700, 1536, 45.0)):
+            writer.add_scalar(bench.APPO_FRAMES_TAG, trained, step)  # the same write: collected at step
+            writer.add_scalar(bench.APPO_SCORE_TAG, score, step)
+    sb3_curve = bench.sb3_curve(str(tmp_path / "sb3"), 0.0)
+    appo_curve = bench.appo_curve(str(tmp_path / "appo"), 0.0)
+    assert [point[1:] for point in sb3_curve] == [[512, 20.0], [1024, 35.0], [1536, 50.0]]
+    assert [point[1:] for point in appo_curve] == [[512, 21.0], [1024, 40.0], [1536, 45.0]]
+    assert bench.score_at(sb3_curve, 1024) == 35.0 and bench.score_at(appo_curve, 1024) == 40.0
+    assert bench.frame_axis_check("sb3", str(tmp_path / "sb3"), "gym:Hopper-v5") is None  # no frameskip
+
+    def saved(trainer, seed, curve):
+        return {**run(trainer, seed, curve, 60.0), "config": {"trainer": trainer, "seed": seed, "code": "c0de",
+                                                               **({"zoo_entry": "Hopper-v4"} if trainer == "sb3" else {})}}
+    row = bench.summarize_env("gym:Hopper-v5", 1024, {"appo": [saved("appo", 1, appo_curve)],
+                                                      "sb3": [saved("sb3", 1, sb3_curve)]}, "appo.py alone")
+    assert row["baseline"] == "sb3" and "sf" not in row
+    assert row["appo_median"] == 40.0 and row["sf_final_median"] == 35.0  # the baseline's median
+    table = bench.format_table([row])
+    assert "| gym:Hopper-v5 | 0.001024M | 40.00 (1) | 35.00 (1) | Hopper-v4 |" in table
+    assert "Sample Factory" not in table
+
+
+def test_sb3_takes_the_zoos_entry_for_the_env_or_its_newest_tuned_version(capsys):
+    zoo = {"Hopper-v3": {}, "Hopper-v4": {}, "HalfCheetah-v4": {}, "LunarLander-v3": {}, "HopperHop-v9": {}}
+    assert bench.zoo_entry_for(zoo, "LunarLander-v3") == "LunarLander-v3"
+    assert bench.zoo_entry_for(zoo, "Hopper-v5") == "Hopper-v4"  # not HopperHop's
+    assert bench.zoo_entry_for(zoo, "Walker2d-v5") is None
+    with pytest.raises(SystemExit):  # sb3 is read beside gym: envs only
+        bench.parse_args(["--envs", "doom_basic", "--trainers", "appo,sb3", "--report_only"])
+    assert "doom_basic is read beside Sample Factory, not SB3: give --trainers appo,sf" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--envs", "gym:Hopper-v5", "--trainers", "appo,sb3"])
+    assert "--sb3_python: give Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes one)" in capsys.readouterr().err
+
+
 def test_the_rank_test_counts_the_splits_at_least_as_lopsided_as_the_real_one():
     # both SF seeds above all three appo seeds: only that one of the C(5, 2) = 10 splits is as lopsided
     assert bench.p_appo_below([1.0, 2.0, 3.0], [4.0, 5.0]) == pytest.approx(1 / 10)

@@ -24,7 +24,7 @@ def test_offline_wandb_run_gets_the_config_and_the_summaries_against_env_frames(
     tag = uuid.uuid4().hex
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "1",
                "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--batch_size", "64", "--rollout", "16",
-               "--train_dir", str(tmp_path), "--experiment", "logged", "--train_for_seconds", "12",
+               "--train_dir", str(tmp_path), "--experiment", "logged", "--train_for_env_steps", "4000",
                "--report_every_sec", "2", "--with_wandb", "--wandb_group", "tests", "--wandb_tags", "a", "b"]
     home = tmp_path / "home"  # where W&B's service would otherwise keep its logs (~/.cache/wandb)
     environment = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "APPO_TEST_TAG": tag,
