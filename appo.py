@@ -438,7 +438,7 @@ def register_encoder(name: str, build: Callable[[int], nn.Module], activation: t
                      about: str = "a registered encoder"):
     """Adds an image encoder that --encoder NAME then offers: `build(channels)` returns a module that
     ends in a flat feature vector (as impala_resnet does). Call it at import time in your launcher,
-    beside env.register_env, so that the spawned workers, which import the launcher, register it too;
+    beside env.register_env, so that the worker processes, which run the launcher too, register it as well;
     run its evaluation with the same launcher (a run's last line names it)."""
     CONV_ENCODERS[name] = ConvEncoder(build, activation, about)
 
