@@ -29,6 +29,6 @@ PY="$TARGET/bin/python"
 # torch would pull a multi-GB CUDA build as a dependency of stable-baselines3.
 "$PY" -m pip install torch==2.13.0
 "$PY" -m pip install stable-baselines3==2.9.2 rl_zoo3==2.9.2 tensorboard \
-    "$(pinned gymnasium)" "$(pinned mujoco)" "$(pinned box2d)"
+    "$(pinned gymnasium)" "$(pinned mujoco)" "$(pinned box2d)" "$(pinned pygame)"  # box2d, pygame: LunarLander
 
 echo "$PY"
