@@ -3,8 +3,8 @@
 against Stable-Baselines3's PPO with rl-zoo3's tuned hyperparameters on gym: envs.
 
     python scripts/bench_learning.py --sf_python .venv-sf/bin/python
-    python scripts/bench_learning.py --envs gym:Hopper-v5 --trainers appo,sb3 --sb3_python .venv-sb3/bin/python \
-        --results_dir docs/bench/gym
+    python scripts/bench_learning.py --envs gym:LunarLander-v3 --trainers appo,sb3 --sb3_python .venv-sb3/bin/python \
+        --results_dir docs/bench/gym_sb3
     python scripts/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
     python scripts/bench_learning.py --report_only          # the table and plots from saved results
     python scripts/bench_learning.py --headline             # the README's table, from four folders of runs
@@ -861,6 +861,7 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "ablations/sf_doom_batch_512_area_resize": "the README",
                  "heldout": "the held-out tables, the README",
                  "gym": "the gym: table",
+                 "gym_sb3": "the SB3 table",
                  "pettingzoo": "the pz: table",
                  "repin_2026-11-28/after_70ed530": "the re-pin table",
                  "repin_2026-11-28/before_e4fc108": "the re-pin table"}
