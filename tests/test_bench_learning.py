@@ -356,14 +356,15 @@ def test_each_run_records_the_precision_its_trainer_ran_and_the_table_says_it(tm
 
 def test_every_saved_learning_run_says_its_precision():
     """The result files under docs/bench record the precision each run trained in, or say that it
-    was not recorded; Sample Factory's runs are float32."""
+    was not recorded; Sample Factory's and Stable-Baselines3's runs are float32."""
     import glob
     runs = [bench.load_result(path) for path in glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"),
                                                           recursive=True)]
     runs = [r for r in runs if isinstance(r, dict) and "curve" in r and "config" in r]
     assert len(runs) > 200
     for r in runs:
-        allowed = {"float32"} if r["config"]["trainer"] == "sf" else {"bfloat16 encoder", "float32 encoder", "not recorded"}
+        allowed = ({"float32"} if r["config"]["trainer"] in ("sf", "sb3")
+                   else {"bfloat16 encoder", "float32 encoder", "not recorded"})
         assert r.get("precision") in allowed, r["config"]
         if r["config"]["trainer"] == "appo" and r.get("machine") and "--encoder_dtype" not in str(r["config"]["extra_flags"]):
             assert r["precision"] == ("bfloat16 encoder" if r["machine"]["bfloat16"] else "float32 encoder")
@@ -530,6 +531,19 @@ def test_learning_mds_report_tables_are_what_the_saved_runs_say(section, folder,
     assert sorted(found) == sorted(env_names), rows
     for env_name, cells in found.items():
         assert cells == {column: expected[env_name][column] for column in cells}, env_name
+
+
+def test_learning_mds_sb3_table_is_what_the_saved_runs_say():
+    """The SB3 table, cell for cell as `--report_only --results_dir docs/bench/gym_sb3` prints it."""
+    header, rows = table_in("gym: envs beside Stable-Baselines3 with rl-zoo3's settings", ("env", "steps"))
+    names = [row[0] for row in rows]
+    results = {name: {trainer: runs_in("gym_sb3", name, trainer) for trainer in ("appo", "sb3")} for name in names}
+    printed = bench.format_table([bench.summarize_env(name, bench.BUDGETS[name], results[name], "-") for name in names])
+    expected = [[cell.strip() for cell in line.strip("|").split("|")] for line in printed.splitlines()
+                if line.startswith("| gym:")]
+    assert rows == expected and all(len(results[name]["appo"]) == len(results[name]["sb3"]) for name in names)
+    codes = {run["config"]["code"] for name in names for run in results[name]["appo"]}
+    assert len(codes) == 1, codes  # the table's appo.py rows at one code
 
 
 def test_learning_mds_batch_512_and_held_out_doom_tables_are_what_the_saved_runs_say():
