@@ -687,21 +687,21 @@ def summarize_env(env_name: str, frames: int, results: dict[str, list[dict]], ta
             "shared_machine": [f"seed {r['config']['seed']}: {r['other_cpu_share']:.0%} of the CPU went elsewhere"
                                for r in ok if r.get("other_cpu_share", 0.0) > CONTENDED_SHARE],
         }
-    sf_scores = [s for s in row[baseline]["scores"] if s is not None]  # the baseline's, Sample Factory's or SB3's
+    baseline_scores = [s for s in row[baseline]["scores"] if s is not None]
     appo_scores = [s for s in row["appo"]["scores"] if s is not None]
-    row["sf_final_median"] = statistics.median(sf_scores) if sf_scores else None
+    row["baseline_final_median"] = statistics.median(baseline_scores) if baseline_scores else None
     row["appo_median"] = statistics.median(appo_scores) if appo_scores else None
-    row["p_appo_below"] = p_appo_below(appo_scores, sf_scores)
-    if row["sf_final_median"] is not None:
-        times = [seconds_to_reach(r["curve"], row["sf_final_median"]) for r in results.get("appo", [])
+    row["p_appo_below"] = p_appo_below(appo_scores, baseline_scores)
+    if row["baseline_final_median"] is not None:
+        times = [seconds_to_reach(r["curve"], row["baseline_final_median"]) for r in results.get("appo", [])
                  if r["status"] == "ok"]
-        row["appo_s_to_sf_final"] = times
+        row["appo_s_to_baseline_final"] = times
         # a seed that never got there counts as infinitely slow: the median exists if most got there
         median = statistics.median([math.inf if t is None else t for t in times]) if times else math.inf
-        row["appo_s_to_sf_final_median"] = None if math.isinf(median) else median
-        sf_wall = statistics.median(row[baseline]["wall_s"]) if row[baseline]["wall_s"] else None
-        row["time_ratio"] = (row["appo_s_to_sf_final_median"] / sf_wall
-                             if sf_wall and row["appo_s_to_sf_final_median"] is not None else None)
+        row["appo_s_to_baseline_final_median"] = None if math.isinf(median) else median
+        baseline_wall = statistics.median(row[baseline]["wall_s"]) if row[baseline]["wall_s"] else None
+        row["time_ratio"] = (row["appo_s_to_baseline_final_median"] / baseline_wall
+                             if baseline_wall and row["appo_s_to_baseline_final_median"] is not None else None)
     return row
 
 
@@ -726,6 +726,10 @@ def format_table(rows: list[dict]) -> str:
     return "\n\n".join(tables)
 
 
+def p_cell(row: dict) -> str:
+    return "-" if row.get("p_appo_below") is None else f"{row['p_appo_below']:.2f}"
+
+
 def format_sb3_table(rows: list[dict]) -> str:
     lines = [
         "Scores at equal steps: each trainer's mean true return over its last 100 training episodes at the step",
@@ -740,10 +744,9 @@ def format_sb3_table(rows: list[dict]) -> str:
     ]
     for row in rows:
         appo, sb3 = row["appo"], row["sb3"]
-        p_value = "-" if row.get("p_appo_below") is None else f"{row['p_appo_below']:.2f}"
         lines.append(f"| {row['env']} | {row['frames'] / 1e6:g}M | {spread(appo['scores'])} ({len(appo['scores'])}) | "
                      f"{spread(sb3['scores'])} ({len(sb3['scores'])}) | {', '.join(sb3['zoo_entry']) or '-'} | "
-                     f"{p_value} | {minutes(appo['wall_s'])} | {minutes(sb3['wall_s'])} |")
+                     f"{p_cell(row)} | {minutes(appo['wall_s'])} | {minutes(sb3['wall_s'])} |")
     notes = [f"{row['env']} {trainer}: {note}" for row in rows for trainer in ("appo", "sb3")
              for note in row[trainer]["failures"] + row[trainer]["shared_machine"]]
     if notes:
@@ -768,12 +771,11 @@ def format_baseline_table(rows: list[dict]) -> str:
     for row in rows:
         appo, sf = row["appo"], row["sf"]
         ratio = row.get("time_ratio")
-        p_value = "-" if row.get("p_appo_below") is None else f"{row['p_appo_below']:.2f}"
         lines.append(
             f"| {row['env']} | {row['frames'] / 1e6:g}M | {spread(appo['scores'])} ({len(appo['scores'])}) | "
-            f"{spread(sf['scores'])} ({len(sf['scores'])}) | {p_value} | {minutes(appo['wall_s'])} | "
+            f"{spread(sf['scores'])} ({len(sf['scores'])}) | {p_cell(row)} | {minutes(appo['wall_s'])} | "
             f"{minutes(sf['wall_s'])} | "
-            f"{minutes([row.get('appo_s_to_sf_final_median')]) if row.get('appo_s_to_sf_final_median') else '-'} | "
+            f"{minutes([row.get('appo_s_to_baseline_final_median')]) if row.get('appo_s_to_baseline_final_median') else '-'} | "
             f"{f'{ratio:.2f}' if ratio is not None else '-'} | {row['task']} |")
     failures = [f"{row['env']} {trainer}: {failure}" for row in rows for trainer in ("appo", "sf")
                 for failure in row[trainer]["failures"]]

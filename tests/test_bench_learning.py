@@ -40,9 +40,9 @@ def test_the_table_compares_medians_and_counts_a_seed_that_never_got_there_as_sl
             run("appo", 3, [[60.0, 1000.0, 5.0]], 60.0),  # never reaches Sample Factory's 11
             run("appo", 4, [], 5.0, status="failed (exit code 1)")]
     row = bench.summarize_env("doom_x", 1000, {"appo": appo, "sf": sf}, "same")
-    assert row["sf_final_median"] == 11.0 and row["appo_median"] == 12.0
-    assert row["appo_s_to_sf_final"] == [20.0, 60.0, None]
-    assert row["appo_s_to_sf_final_median"] == 60.0  # median of 20, 60 and "never"
+    assert row["baseline_final_median"] == 11.0 and row["appo_median"] == 12.0
+    assert row["appo_s_to_baseline_final"] == [20.0, 60.0, None]
+    assert row["appo_s_to_baseline_final_median"] == 60.0  # median of 20, 60 and "never"
     assert row["time_ratio"] == pytest.approx(60.0 / 110.0)
     table = bench.format_table([row])
     assert "| doom_x | 0.001M | 12.00 [5.00, 13.00] (3) | 11.00 [10.00, 12.00] (2) |" in table
@@ -51,7 +51,7 @@ def test_the_table_compares_medians_and_counts_a_seed_that_never_got_there_as_sl
     appo[1]["curve"][0][2] = 5.0  # now two of three seeds never get there: no time, no ratio
     appo[1]["curve"][1][2] = 5.0
     row = bench.summarize_env("doom_x", 1000, {"appo": appo, "sf": sf}, "same")
-    assert row["appo_s_to_sf_final_median"] is None and row["time_ratio"] is None
+    assert row["appo_s_to_baseline_final_median"] is None and row["time_ratio"] is None
 
 
 def test_sample_factorys_score_is_the_whole_games_raw_score_on_atari_and_the_true_objective_on_doom(tmp_path):
@@ -95,7 +95,7 @@ def test_sb3s_score_is_read_as_appos_is_and_both_sit_in_one_row_at_equal_steps(t
     row = bench.summarize_env("gym:Hopper-v5", 1024, {"appo": [saved("appo", 1, appo_curve)],
                                                       "sb3": [saved("sb3", 1, sb3_curve)]}, "appo.py alone")
     assert row["baseline"] == "sb3" and "sf" not in row
-    assert row["appo_median"] == 40.0 and row["sf_final_median"] == 35.0  # the baseline's median
+    assert row["appo_median"] == 40.0 and row["baseline_final_median"] == 35.0  # the baseline's median
     table = bench.format_table([row])
     assert "| gym:Hopper-v5 | 0.001024M | 40.00 (1) | 35.00 (1) | Hopper-v4 |" in table
     assert "Sample Factory" not in table
