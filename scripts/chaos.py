@@ -124,20 +124,22 @@ class Killer:
             self.started = now
             self.next_kill = now + self.args.warmup_s
         self.keep_books(shared, now)
-        if self.enough_kills_at is not None:  # --least_kills: the run ends on what it did, not the clock
-            if now >= self.enough_kills_at + self.args.quiet_end_s:
+        if self.enough_kills():  # --least_kills: the run ends on what it did, not the clock
+            if self.enough_kills_at is None and int(shared.run.learner_frames.min()) > self.frames_at_last_kill:
+                self.enough_kills_at = now  # the learner trained since the last kill: the run recovered
+            if self.enough_kills_at is not None and now >= self.enough_kills_at + self.args.quiet_end_s:
                 raise appo.StopRequested()
-            return
+            return  # no more kills: on a loaded machine the learner may not train between kills 2 s apart
         if now >= self.next_kill and now < self.started + self.args.minutes * 60 - self.args.quiet_end_s:
             kind = self.kinds[self.attempts % len(self.kinds)]
             self.attempts += 1
             self.kills[kind] += self.kill(kind, shared, workers)
             self.next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.args.kill_every
             self.frames_at_last_kill = int(shared.run.learner_frames.min())
-        if (self.args.least_kills and sum(self.kills.values()) >= self.args.least_kills
-                and all(self.kills[kind] for kind in self.kinds)
-                and int(shared.run.learner_frames.min()) > self.frames_at_last_kill):
-            self.enough_kills_at = now  # every kind killed, and the learner trained since the last kill
+
+    def enough_kills(self) -> bool:
+        return bool(self.args.least_kills and sum(self.kills.values()) >= self.args.least_kills
+                    and all(self.kills[kind] for kind in self.kinds))
 
     def keep_books(self, shared, now: float):
         control = shared.slots.control
@@ -211,9 +213,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0,
                         help="length of the run (with --least_kills, the most it may last)")
     parser.add_argument("--least_kills", type=int, default=0,
-                        help="end the run --quiet_end_s after this many kills, every kind among them, once the "
-                             "learner trained after the last (0: run --minutes); what a loaded machine slows down "
-                             "then takes longer instead of being attacked less")
+                        help="stop killing after this many kills, every kind among them, and end the run "
+                             "--quiet_end_s after the learner trained again (0: run --minutes); what a loaded "
+                             "machine slows down then takes longer instead of being attacked less")
     parser.add_argument("--kill_every", type=float, default=5.0, help="mean seconds between kills")
     parser.add_argument("--stall_s", type=float, default=30.0,
                         help="a split or the learner standing still this long counts as a stall")
