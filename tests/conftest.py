@@ -21,6 +21,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 RUN_TAG = "APPO_TEST_RUN=" + os.environ.setdefault("APPO_TEST_RUN", uuid.uuid4().hex)
 
 
+# How long a test's training command may run before the test calls it hung: the runs train a number
+# of frames, not seconds, so a loaded machine makes them longer, not shorter. Beside a doom_basic
+# training on the same 2 cores a 16,000-frame run of the policy-lag test took over 240 s (2026-11-28;
+# about 60 s alone). Below pytest's own limit of 600 s a test (pyproject.toml), which stays the
+# guard of a test that runs several commands.
+RUN_TIMEOUT_S = 540
+
+
 def processes_tagged(tag: str) -> list[int]:
     """Processes whose environment holds `tag`: a run started with it, its children, their envs.
     Not this test process's own multiprocessing resource tracker: a run in this process may be the

@@ -13,7 +13,7 @@ import torch
 from gymnasium import spaces
 
 import appo
-from conftest import processes_still_tagged
+from conftest import RUN_TIMEOUT_S, processes_still_tagged
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -172,7 +172,7 @@ def run_appo(tmp_path, env_id: str, *flags: str) -> subprocess.CompletedProcess:
     tag = uuid.uuid4().hex
     result = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), "--env", f"gym:action_space_envs:{env_id}",
                              "--train_dir", str(tmp_path), "--experiment", "e", *flags],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
                             env=dict(os.environ, APPO_TEST_TAG=tag,
                                      PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])))
     assert processes_still_tagged(tag) == []

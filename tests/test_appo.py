@@ -19,7 +19,8 @@ from gymnasium import spaces
 
 import appo
 import appo_ipc
-from conftest import cpu_seconds, gather_slots, outside_a_run, processes_still_tagged, processes_tagged
+from conftest import (RUN_TIMEOUT_S, cpu_seconds, gather_slots, outside_a_run, processes_still_tagged,
+                      processes_tagged)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1305,7 +1306,7 @@ def run_appo(tmp_path, tag, frames):
                "--train_for_env_steps", str(frames), "--report_every_sec", "2", "--save_every_sec", "5",
                "--train_dir", str(tmp_path), "--experiment", "e2e", "--seed", "1"]
     environment = dict(os.environ, APPO_TEST_TAG=tag)
-    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=environment, cwd=tmp_path)
+    return subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment, cwd=tmp_path)
 
 
 def checkpoint_versions(tmp_path):
@@ -1363,7 +1364,7 @@ def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
                "--hidden_size", "128", "--train_for_env_steps", "16000", "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--seed", "1"]
     tag = uuid.uuid4().hex
-    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
                          env=dict(os.environ, APPO_TEST_TAG=tag))
     assert run.returncode == 0, run.stderr[-3000:]
     assert processes_still_tagged(tag) == []
@@ -1387,7 +1388,7 @@ def test_synchronous_collection_trains_every_batch_on_the_weights_that_acted_it(
                "--hidden_size", "64", "--no-async_rl", "--train_for_env_steps", "24000", "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--seed", "1"]
     tag = uuid.uuid4().hex
-    run = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
                          env=dict(os.environ, APPO_TEST_TAG=tag))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert processes_still_tagged(tag) == []

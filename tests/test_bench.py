@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import appo
-from conftest import process_running, processes_still_tagged, processes_tagged
+from conftest import RUN_TIMEOUT_S, process_running, processes_still_tagged, processes_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -201,7 +201,7 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
                "--batch_size", "128", "--rollout", "16", "--legs", "pure,pure_episodes,gpu_time,ours,ours_fp32",
                "--pure_episode_frames", "24", "--seconds", "4", "--warmup", "0", "--report_every", "2", "--json",
                "--out", str(tmp_path / "result.json")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    result = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
                             env={**os.environ, "BENCH_TEST_TAG": tag})
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)
@@ -311,7 +311,8 @@ def test_the_policy_worker_benchmark_splits_act_on_into_the_forward_and_the_rest
     """scripts/bench_policy_worker.py on this tree, one batch size, briefly: it answers every
     request (it stops with an error otherwise) and reports the forward inside act_on."""
     run = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_policy_worker.py"), "--json",
-                          "--batches", "8", "--seconds", "0"], capture_output=True, text=True, timeout=300, check=True)
+                          "--batches", "8", "--seconds", "0"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                         check=True)
     result = json.loads(run.stdout)
     assert result["appo"] == os.path.join(REPO, "appo.py") and len(result["results"]) == 1
     row = result["results"][0]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import appo
-from conftest import outside_a_run, processes_still_tagged
+from conftest import RUN_TIMEOUT_S, outside_a_run, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +29,8 @@ def run_eval(train_dir, *flags: str) -> subprocess.CompletedProcess:
     tag = uuid.uuid4().hex
     result = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), "--mode", "eval", "--train_dir",
                              str(train_dir), "--experiment", "played", *flags],
-                            capture_output=True, text=True, timeout=300, env=dict(os.environ, APPO_TEST_TAG=tag))
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                            env=dict(os.environ, APPO_TEST_TAG=tag))
     assert processes_still_tagged(tag) == []
     return result
 
@@ -154,17 +155,17 @@ def test_an_encoder_registered_in_a_launcher_trains_and_that_launcher_is_the_eva
                             "--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64",
                             "--hidden_size", "32", "--train_for_env_steps", "1000", "--train_dir", str(tmp_path),
                             "--experiment", "mine", "--seed", "1"],
-                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
                            env=dict(environment, APPO_TEST_TAG=tag))
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert processes_still_tagged(tag) == []
     (command,) = re.findall(r"^watch it play: python (.*)$", train.stdout, re.MULTILINE)
     assert command.startswith(f"{launcher} --mode eval --env doom_basic ")
     play = subprocess.run([sys.executable, *command.replace(" --save_video", "").split(), "--max_num_episodes", "1"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environment)
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path, env=environment)
     assert play.returncode == 0 and "over 1 games" in play.stdout, play.stdout[-3000:] + play.stderr[-3000:]
     lacking = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), *command.split()[1:],
-                              "--max_num_episodes", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                             env=environment)
+                              "--max_num_episodes", "1"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                             cwd=tmp_path, env=environment)
     assert lacking.returncode == 2 and "Traceback" not in lacking.stderr
     assert "the checkpoint's encoder one_layer is not registered in this process" in lacking.stderr.splitlines()[0]

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import appo
+from conftest import RUN_TIMEOUT_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADER = re.compile(r"^# =+\n# EXTRAS: (\S+)", re.MULTILINE)
@@ -38,7 +39,7 @@ def train_copy(tmp_path, source: str, *flags: str) -> subprocess.CompletedProces
                "--seed", "1", *flags]
     # the copy imports env.py and the C++ module from the checkout
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
+    return subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment, cwd=tmp_path)
 
 
 def test_every_extra_is_one_block_with_its_registration_last_and_the_core_names_none_of_them():

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from conftest import processes_still_tagged
+from conftest import RUN_TIMEOUT_S, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,8 +16,8 @@ def train(tmp_path, env: str, frames: int, env_vars: dict | None = None) -> tupl
     tag = uuid.uuid4().hex
     result = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), "--env", env,
                              "--train_for_env_steps", str(frames), "--train_dir", str(tmp_path),
-                             "--report_every_sec", "3"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                            env=dict(os.environ, APPO_TEST_TAG=tag, **(env_vars or {})))
+                             "--report_every_sec", "3"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                            cwd=tmp_path, env=dict(os.environ, APPO_TEST_TAG=tag, **(env_vars or {})))
     assert processes_still_tagged(tag) == []
     returns = [float(value) for value in re.findall(r"avg return (-?[\d.]+) \(100 ep\)", result.stdout)]
     return result, returns

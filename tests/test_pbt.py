@@ -16,7 +16,7 @@ from gymnasium import spaces
 
 import appo
 import env as envs
-from conftest import processes_still_tagged
+from conftest import RUN_TIMEOUT_S, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -136,7 +136,7 @@ def run_population(tmp_path, tag, frames):
                "--learner_threads", "1", "--train_for_env_steps", str(frames), "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--experiment", "pbt", "--seed", "3"]
     environment = dict(os.environ, APPO_TEST_TAG=tag)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
+    return subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment, cwd=tmp_path)
 
 
 def pbt_files(tmp_path):

@@ -15,7 +15,7 @@ pytest.importorskip("pettingzoo", reason="pip install -e .[pettingzoo]")
 import appo  # noqa: E402
 import env as envs  # noqa: E402
 import pz_envs  # noqa: E402
-from conftest import processes_still_tagged  # noqa: E402
+from conftest import RUN_TIMEOUT_S, processes_still_tagged  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -52,7 +52,7 @@ def test_envs_that_cannot_run_here_are_one_line_naming_the_fix(tmp_path, capsys)
 def run_appo(tmp_path, env: str, *flags: str) -> subprocess.CompletedProcess:
     tag = uuid.uuid4().hex
     result = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), "--env", env, "--train_dir", str(tmp_path),
-                             *flags], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             *flags], capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
                             env=dict(os.environ, APPO_TEST_TAG=tag,
                                      PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])))
     assert processes_still_tagged(tag) == []

@@ -9,7 +9,7 @@ import uuid
 import pytest
 import torch
 
-from conftest import processes_still_tagged
+from conftest import RUN_TIMEOUT_S, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ def run_duel(tmp_path, tag, *flags):
                "--learner_threads", "1", "--report_every_sec", "3", "--save_every_sec", "5",
                "--train_dir", str(tmp_path), "--experiment", "duel", "--seed", "5", *flags]
     environment = dict(os.environ, APPO_TEST_TAG=tag)
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment, cwd=tmp_path)
+    return subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment, cwd=tmp_path)
 
 
 def trained_versions(tmp_path, policy_id):

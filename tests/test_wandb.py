@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 import appo
-from conftest import processes_still_tagged
+from conftest import RUN_TIMEOUT_S, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +30,7 @@ def test_offline_wandb_run_gets_the_config_and_the_summaries_against_env_frames(
     environment = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "APPO_TEST_TAG": tag,
                    "HOME": str(home)}
     environment.pop("WANDB_CACHE_DIR", None)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     runs = glob.glob(str(tmp_path / "logged" / "wandb" / "offline-run-*"))
     assert len(runs) == 1, os.listdir(tmp_path / "logged")
