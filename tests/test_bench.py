@@ -340,8 +340,9 @@ def test_a_pure_simulation_worker_killed_during_start_up_is_named_and_the_leg_ru
     monkeypatch.setenv("DIE_AT_STARTUP_TIMES", "1")  # the first env made, in whichever worker, kills it
     flags = bench.trainer_config(bench_args(env=DIES_AT_STARTUP, batch_size=64, rollout=16, worker_num_splits=1), 2)
     started = time.monotonic()
-    run = bench.pure_sim_leg(flags, num_workers=2, seconds=1.0, startup_timeout=60.0)
-    assert time.monotonic() - started < 45  # not the start-up timeout
+    run = bench.pure_sim_leg(flags, num_workers=2, seconds=1.0, startup_timeout=300.0)
+    # not the start-up timeout: the leg, run twice, took 9-39 s in the suite logs, 70 s beside a training
+    assert time.monotonic() - started < 300
     assert run["fps"] > 0
     assert "during start-up, before it reported ready (killed by SIGKILL)" in run["retried"], run
     assert "running the leg again (once)" in capsys.readouterr().err
