@@ -630,27 +630,29 @@ def seconds_to_reach(curve: list, score: float) -> float | None:
     return reached[0] if reached else None
 
 
-def p_appo_below(appo_scores: list, sf_scores: list) -> float | None:
-    """Exact one-sided rank-sum (Mann-Whitney) p-value of "appo.py scores lower than Sample Factory".
+def p_appo_below(appo_scores: list, baseline_scores: list) -> float | None:
+    """Exact one-sided rank-sum (Mann-Whitney) p-value of "appo.py scores lower than the baseline"
+    (Sample Factory or SB3).
 
     The share of all ways of splitting the pooled final scores into groups of these sizes in which
-    Sample Factory's group beats appo.py's in at least as many (appo, SF) pairs as it really does
-    (ties count a half). A small p says the gap is more than seed-to-seed spread; with 2 SF seeds
-    the smallest possible p is 1 / C(n + 2, 2), so a few seeds can only ever say "not shown".
+    the baseline's group beats appo.py's in at least as many (appo, baseline) pairs as it really
+    does (ties count a half). A small p says the gap is more than seed-to-seed spread; with 2
+    baseline seeds the smallest possible p is 1 / C(n + 2, 2), so a few seeds can only ever say
+    "not shown".
     """
     appo_scores = [s for s in appo_scores if s is not None]
-    sf_scores = [s for s in sf_scores if s is not None]
-    if not appo_scores or not sf_scores:
+    baseline_scores = [s for s in baseline_scores if s is not None]
+    if not appo_scores or not baseline_scores:
         return None
-    pooled = appo_scores + sf_scores
+    pooled = appo_scores + baseline_scores
 
-    def sf_wins(sf_group: tuple) -> float:
-        appo_group = [pooled[i] for i in range(len(pooled)) if i not in sf_group]
-        return sum((a < pooled[j]) + 0.5 * (a == pooled[j]) for a in appo_group for j in sf_group)
+    def baseline_wins(baseline_group: tuple) -> float:
+        appo_group = [pooled[i] for i in range(len(pooled)) if i not in baseline_group]
+        return sum((a < pooled[j]) + 0.5 * (a == pooled[j]) for a in appo_group for j in baseline_group)
 
-    observed = sf_wins(tuple(range(len(appo_scores), len(pooled))))
-    splits = list(itertools.combinations(range(len(pooled)), len(sf_scores)))
-    return sum(sf_wins(split) >= observed for split in splits) / len(splits)
+    observed = baseline_wins(tuple(range(len(appo_scores), len(pooled))))
+    splits = list(itertools.combinations(range(len(pooled)), len(baseline_scores)))
+    return sum(baseline_wins(split) >= observed for split in splits) / len(splits)
 
 
 def spread(values: list) -> str:
@@ -770,12 +772,12 @@ def format_baseline_table(rows: list[dict]) -> str:
     ]
     for row in rows:
         appo, sf = row["appo"], row["sf"]
-        ratio = row.get("time_ratio")
+        ratio, to_final = row.get("time_ratio"), row.get("appo_s_to_baseline_final_median")
         lines.append(
             f"| {row['env']} | {row['frames'] / 1e6:g}M | {spread(appo['scores'])} ({len(appo['scores'])}) | "
             f"{spread(sf['scores'])} ({len(sf['scores'])}) | {p_cell(row)} | {minutes(appo['wall_s'])} | "
             f"{minutes(sf['wall_s'])} | "
-            f"{minutes([row.get('appo_s_to_baseline_final_median')]) if row.get('appo_s_to_baseline_final_median') else '-'} | "
+            f"{minutes([to_final]) if to_final else '-'} | "
             f"{f'{ratio:.2f}' if ratio is not None else '-'} | {row['task']} |")
     failures = [f"{row['env']} {trainer}: {failure}" for row in rows for trainer in ("appo", "sf")
                 for failure in row[trainer]["failures"]]
