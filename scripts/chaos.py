@@ -18,13 +18,26 @@ run has every kind), at random instants and on random victims:
   policy workers can answer a split twice (review row 1 of ../shared/notes/ipc-review.md);
 - the rollout workers at an instant one of them has handed a finished slot to the learner that
   the learner has not taken yet (row 2): all of them, since the queue does not say whose it is.
-The dangerous windows are milliseconds wide: the last two kinds wait for them (polling for up to
-2 s) instead of hoping to land in them.
+  The learner takes a slot within milliseconds of its handoff, so the killer holds it (SIGSTOP, as
+  a descheduled learner) until a slot waits in its queue, kills, and lets it go (SIGCONT) in the
+  runner's next round, after the restarts have reclaimed the dead workers' slots: the learner then
+  meets handoffs of slots that are no longer the senders'.
+The policy worker's window is milliseconds wide: that kind polls for it for up to 2 s instead of
+hoping to land in it. A game process killed while its VizDoom is still starting (its rollout worker
+has not mapped the game's shared memory yet) takes its rollout worker with it: VizDoom 1.3's
+`DoomController::init` reads the game state it has not opened yet when the game dies then, a
+segfault (docs/faults.md). Such kills are counted apart, each allowed one restart.
 
 It checks, and prints:
 - every split of every rollout worker keeps stepping: its generation (raised by each request for
-  actions) never stands still for --stall_s seconds; a split that does is a stalled split;
-- the learner keeps training (its frames never stand still for --stall_s);
+  actions) never stands still for --stall_s seconds beyond what the run's own restarts explain;
+  a split that does is a stalled split. The time its rollout worker is dead or starting (from its
+  death to the first step of its restarted process, measured in the run, so a loaded machine's
+  slow start-ups do not count as stalls) and the time the killer holds the learner are not counted;
+- the learner keeps training: its frames never stand still for --stall_s beyond the time some
+  rollout worker is dead or starting, or the killer holds it;
+- with --least_kills, the run recovered from its last kill: it ends only once the learner trained
+  and every split stepped after it;
 - no split counter below its idle value;
 - no slot lost: at the end, once every process has stopped, the learner has released what it held
   and the dead rollout workers' slots are reclaimed, every slot is free;
@@ -40,9 +53,11 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -82,15 +97,44 @@ def is_resource_tracker(pid: int) -> bool:
         return True  # gone
 
 
-def game_processes(rollout_worker_pid: int) -> list[int]:
+def game_processes(rollout_worker_pid: int) -> list[tuple[int, str]]:
+    """The VizDoom game processes a rollout worker started: (pid, instance id)."""
     found = []
     for pid in children_of(rollout_worker_pid):
         try:
-            if b"+viz_instance_id" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            pass
+            continue
+        if b"+viz_instance_id" in args:
+            found.append((pid, args[args.index(b"+viz_instance_id") + 1].decode()))
     return found
+
+
+def game_is_starting(rollout_worker_pid: int, instance_id: str) -> bool:
+    """VizDoom's init has not opened the game's shared memory yet (a death now segfaults the worker)."""
+    try:
+        return f"ViZDoomSM{instance_id}" not in Path(f"/proc/{rollout_worker_pid}/maps").read_text()
+    except OSError:
+        return False  # the worker is gone
+
+
+def send_signal(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def overlap(start: float, end: float, intervals: list[list]) -> float:
+    """Seconds of [start, end] inside the union of `intervals` ([from, to], to None while open)."""
+    clipped = sorted((max(a, start), min(end if b is None else b, end)) for a, b in intervals)
+    covered, reached = 0.0, start
+    for a, b in clipped:
+        a = max(a, reached)
+        if b > a:
+            covered, reached = covered + b - a, b
+    return covered
 
 
 class Killer:
@@ -103,46 +147,88 @@ class Killer:
         self.rng.shuffle(self.kinds)
         self.attempts = 0
         self.kills: Counter = Counter()
+        self.games_killed_starting = 0  # each may end its rollout worker (VizDoom's init segfaults)
         self.started = None
+        self.last_round = 0.0
         self.next_kill = 0.0
+        self.last_kill_at = 0.0
         self.split_moved: dict[tuple[int, int], tuple[int, float]] = {}  # (worker, split) -> (generation, when)
-        self.longest_split_silence = 0.0
+        self.split_silence: dict[tuple[int, int], float] = {}  # silent seconds no restart or hold explains
+        self.longest_split_silence = 0.0  # as the clock reads, restarts included
+        self.longest_unexplained_split_silence = 0.0
         self.stalled_splits: set[tuple[int, int]] = set()
         self.learner_moved: tuple[int, float] | None = None  # (frames trained, when they last rose)
-        self.longest_learner_pause = 0.0
+        self.learner_silence = 0.0
+        self.longest_learner_pause = 0.0  # as the clock reads
+        self.longest_unexplained_learner_pause = 0.0
         self.lowest_counter = 0
         self.highest_lag = 0.0  # the learner's reported lag_max (stays 0 with synchronous collection)
         self.shared = self.workers = None
+        self.worker_pids: dict[int, int] = {}  # rollout worker -> the pid last seen, to see restarts
+        self.down: dict[int, list[list]] = {}  # rollout worker -> [[dead or starting from, to]]
+        self.start_ups: list[float] = []  # seconds from a rollout worker's death to its successor's first step
+        self.learner_held: list[list] = []  # [[SIGSTOP, SIGCONT]] of the in-flight kind
+        self.held_pid: int | None = None
+        self.release_timer: threading.Timer | None = None
         self.frames_at_last_kill = 0
         self.enough_kills_at: float | None = None
 
     def __call__(self, shared, workers, stats):
         now = time.monotonic()
         self.shared, self.workers = shared, workers
+        self.release_learner(now)  # held during the last round: the dead workers were restarted since
         self.highest_lag = max(self.highest_lag, stats.learner[0].get("lag_max", 0.0))
         if self.started is None:
-            self.started = now
+            self.started = self.last_round = now
             self.next_kill = now + self.args.warmup_s
-        self.keep_books(shared, now)
+            for worker in range(self.cfg.num_workers):  # starting, until its first step
+                self.down[worker] = [[now, None]]
+        self.keep_books(shared, workers, now)
+        self.last_round = now
         if self.enough_kills():  # --least_kills: the run ends on what it did, not the clock
-            if self.enough_kills_at is None and int(shared.run.learner_frames.min()) > self.frames_at_last_kill:
-                self.enough_kills_at = now  # the learner trained since the last kill: the run recovered
+            if self.enough_kills_at is None and self.recovered():
+                self.enough_kills_at = now
             if self.enough_kills_at is not None and now >= self.enough_kills_at + self.args.quiet_end_s:
                 raise appo.StopRequested()
             return  # no more kills: on a loaded machine the learner may not train between kills 2 s apart
         if now >= self.next_kill and now < self.started + self.args.minutes * 60 - self.args.quiet_end_s:
             kind = self.kinds[self.attempts % len(self.kinds)]
             self.attempts += 1
-            self.kills[kind] += self.kill(kind, shared, workers)
+            killed = self.kill(kind, shared, workers)
+            self.kills[kind] += killed
             self.next_kill = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.args.kill_every
-            self.frames_at_last_kill = int(shared.run.learner_frames.min())
+            if killed:
+                self.last_kill_at = time.monotonic()
+                self.frames_at_last_kill = int(shared.run.learner_frames.min())
 
     def enough_kills(self) -> bool:
         return bool(self.args.least_kills and sum(self.kills.values()) >= self.args.least_kills
                     and all(self.kills[kind] for kind in self.kinds))
 
-    def keep_books(self, shared, now: float):
+    def recovered(self) -> bool:
+        """Since the last kill the learner trained, every rollout worker is up and every split stepped."""
+        return (int(self.shared.run.learner_frames.min()) > self.frames_at_last_kill
+                and not any(self.is_down(worker) for worker in self.down)
+                and all(when > self.last_kill_at for _, when in self.split_moved.values()))
+
+    def is_down(self, worker: int) -> bool:
+        return bool(self.down[worker]) and self.down[worker][-1][1] is None
+
+    def keep_books(self, shared, workers, now: float):
+        """One round of the books: restarts seen, splits and the learner moved or silent since the last round."""
+        for child in workers.children:
+            if child.kind != "rollout worker":
+                continue
+            worker, pid = child.worker_id, child.process.pid
+            if self.worker_pids.get(worker, pid) != pid:  # restarted (the supervisor also reset its splits)
+                if not self.is_down(worker):  # died unkilled (a segfault) after the last round saw it
+                    self.down[worker].append([self.last_round, None])
+                for split in range(self.cfg.worker_num_splits):  # the reset's new generation is no step
+                    _, when = self.split_moved[(worker, split)]
+                    self.split_moved[(worker, split)] = (shared.slots.control.split_generation(worker, split), when)
+            self.worker_pids[worker] = pid
         control = shared.slots.control
+        window = (self.last_round, now)
         for worker in range(self.cfg.num_workers):
             for split in range(self.cfg.worker_num_splits):
                 generation = control.split_generation(worker, split)
@@ -150,16 +236,26 @@ class Killer:
                 last = self.split_moved.get((worker, split))
                 if last is None or last[0] != generation:
                     self.split_moved[(worker, split)] = (generation, now)
+                    self.split_silence[(worker, split)] = 0.0
+                    if self.is_down(worker):  # its first step since it (re)started
+                        self.down[worker][-1][1] = now
+                        self.start_ups.append(now - self.down[worker][-1][0])
                     continue
-                silence = now - last[1]
-                self.longest_split_silence = max(self.longest_split_silence, silence)
+                self.longest_split_silence = max(self.longest_split_silence, now - last[1])
+                silence = self.split_silence[(worker, split)] + (now - self.last_round) - overlap(
+                    *window, self.down[worker] + self.learner_held)
+                self.split_silence[(worker, split)] = silence
+                self.longest_unexplained_split_silence = max(self.longest_unexplained_split_silence, silence)
                 if silence > self.args.stall_s:
                     self.stalled_splits.add((worker, split))
         frames = int(shared.run.learner_frames.min())
         if self.learner_moved is None or frames != self.learner_moved[0]:
-            self.learner_moved = (frames, now)
+            self.learner_moved, self.learner_silence = (frames, now), 0.0
         elif frames > 0:  # pauses count once it has started
             self.longest_learner_pause = max(self.longest_learner_pause, now - self.learner_moved[1])
+            all_down = [interval for intervals in self.down.values() for interval in intervals]
+            self.learner_silence += (now - self.last_round) - overlap(*window, all_down + self.learner_held)
+            self.longest_unexplained_learner_pause = max(self.longest_unexplained_learner_pause, self.learner_silence)
 
     def kill(self, kind: str, shared, workers) -> int:
         """Kills one process of `kind` (all rollout workers for a slot in flight); how many it killed."""
@@ -174,29 +270,54 @@ class Killer:
         if kind == "rollout worker with a slot in flight":
             # The queue does not say whose slot it carries, so every rollout worker goes: the sender
             # among them (each kill counts, and each restart is expected)
-            if not self.wait_for(lambda: shared.learner_queues[0].qsize() > 0):
-                return 0
-            return sum(self.sigkill(child.process.pid) for child in rollout)
+            learner = next(c for c in workers.children if c.kind == "learner")
+            self.hold_learner(learner.process.pid)
+            if not self.wait_for(lambda: shared.learner_queues[0].qsize() > 0, seconds=10.0):
+                return 0  # no slot finished meanwhile (the learner may hold the queue's lock): next time
+            return sum(self.sigkill(child.process.pid, child.worker_id) for child in rollout)
         if kind == "game process":
-            games = [pid for child in rollout for pid in game_processes(child.process.pid)]
-            return self.sigkill(self.rng.choice(games)) if games else False
+            games = [(child.process.pid, game) for child in rollout for game in game_processes(child.process.pid)]
+            if not games:
+                return False
+            worker_pid, (pid, instance_id) = self.rng.choice(games)
+            starting = game_is_starting(worker_pid, instance_id)
+            killed = self.sigkill(pid)
+            self.games_killed_starting += killed and starting
+            return killed
         candidates = rollout if kind == "rollout worker" else policy
-        return self.sigkill(self.rng.choice(candidates).process.pid) if candidates else False
+        if not candidates:
+            return False
+        victim = self.rng.choice(candidates)
+        return self.sigkill(victim.process.pid, victim.worker_id if kind == "rollout worker" else None)
+
+    def hold_learner(self, pid: int):
+        """SIGSTOPs the learner until the next round; a timer lets it go anyway, should no round come."""
+        os.kill(pid, signal.SIGSTOP)
+        self.held_pid = pid
+        self.learner_held.append([time.monotonic(), None])
+        self.release_timer = threading.Timer(5.0, send_signal, (pid, signal.SIGCONT))
+        self.release_timer.start()
+
+    def release_learner(self, now: float):
+        if self.held_pid is not None:
+            self.release_timer.cancel()
+            send_signal(self.held_pid, signal.SIGCONT)
+            self.held_pid, self.learner_held[-1][1] = None, now
 
     def wait_for(self, condition, seconds: float = 2.0) -> bool:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if condition():
                 return True
+            time.sleep(0.0005)  # a busy loop would take a core from the processes it waits on
         return False
 
-    @staticmethod
-    def sigkill(pid: int) -> bool:
-        try:
-            os.kill(pid, 9)
-            return True
-        except ProcessLookupError:
+    def sigkill(self, pid: int, rollout_worker: int | None = None) -> bool:
+        if not send_signal(pid, signal.SIGKILL):
             return False
+        if rollout_worker is not None and not self.is_down(rollout_worker):  # dead, then starting
+            self.down[rollout_worker].append([time.monotonic(), None])
+        return True
 
 
 def slots_lost(cfg, shared) -> tuple[int, int]:
@@ -218,7 +339,12 @@ def main() -> int:
                              "machine slows down then takes longer instead of being attacked less")
     parser.add_argument("--kill_every", type=float, default=5.0, help="mean seconds between kills")
     parser.add_argument("--stall_s", type=float, default=30.0,
-                        help="a split or the learner standing still this long counts as a stall")
+                        help="a split or the learner standing still this long, outside the start-ups of "
+                             "restarted rollout workers and the killer's holds of the learner, is a stall")
+    parser.add_argument("--start_up_s", type=float, default=180.0,
+                        help="the longest a rollout worker may take from its death to its successor's first "
+                             "step (three times the supervisor's 60 s start-up allowance: a loaded machine, "
+                             "and a restart whose starting game is killed again)")
     parser.add_argument("--warmup_s", type=float, default=15.0, help="no kill before this (processes start)")
     parser.add_argument("--quiet_end_s", type=float, default=20.0, help="no kill in the run's last seconds")
     parser.add_argument("--seed", type=int, default=0, help="the killer's random choices")
@@ -252,20 +378,31 @@ def main() -> int:
     new_shm = appo_ipc.shm_left_since(shm_before, own_pids={os.getpid()})  # not another run's, held by it
     restarts = killer.workers.num_restarts
     worker_kills = sum(count for kind, count in killer.kills.items() if kind != "game process")
+    expected_restarts = worker_kills + killer.games_killed_starting
+    now = time.monotonic()
+    start_ups = killer.start_ups + [now - intervals[-1][0] for intervals in killer.down.values()
+                                    if intervals and intervals[-1][1] is None]  # still down at the end
     figures = {
         "commit": commit, "uncommitted": uncommitted, "config": args.config, "env": cfg.env, "async_rl": cfg.async_rl,
         "highest_policy_lag": killer.highest_lag,
         "minutes": round(minutes, 2), "kills": sum(killer.kills.values()), "kills_by_kind": dict(killer.kills),
-        "restarts": restarts, "unexpected_restarts": max(0, restarts - worker_kills),
+        "games_killed_starting": killer.games_killed_starting,
+        "restarts": restarts, "unexpected_restarts": max(0, restarts - expected_restarts),
         "stalled_splits": len(killer.stalled_splits), "longest_split_silence_s": round(killer.longest_split_silence, 1),
+        "longest_unexplained_split_silence_s": round(killer.longest_unexplained_split_silence, 1),
+        "start_ups": len(start_ups), "longest_start_up_s": round(max(start_ups, default=0.0), 1),
         "learner_frames": int(killer.shared.run.learner_frames.min()),
         "longest_learner_pause_s": round(killer.longest_learner_pause, 1),
+        "longest_unexplained_learner_pause_s": round(killer.longest_unexplained_learner_pause, 1),
+        "learner_held_s": round(sum(b - a for a, b in killer.learner_held if b is not None), 1),
         "lowest_split_counter": killer.lowest_counter, "slots_lost": lost, "slots_left_with_learner": with_learner,
         "num_slots": killer.shared.slots.control.num_slots, "exit_code": exit_code,
         "processes_left": len(left), "shm_entries_left": len(new_shm),
         "ended_on_kills": killer.enough_kills_at is not None,  # --least_kills reached before --minutes
     }
-    ok = (figures["stalled_splits"] == 0 and figures["longest_learner_pause_s"] <= args.stall_s
+    ok = (figures["stalled_splits"] == 0 and figures["longest_unexplained_learner_pause_s"] <= args.stall_s
+          and figures["longest_start_up_s"] <= args.start_up_s
+          and (not args.least_kills or figures["ended_on_kills"])
           and figures["lowest_split_counter"] >= IDLE and lost == 0 and with_learner == 0
           and figures["unexpected_restarts"] == 0 and exit_code == 0 and not left and not new_shm
           and (cfg.async_rl or killer.highest_lag == 0))
@@ -274,11 +411,19 @@ def main() -> int:
     print(f"\nchaos run: {cfg.env} ({collection}), 2 rollout workers x 2 splits, 2 policy workers, {minutes:.1f} min, "
           f"commit {figures['commit']}")
     print(f"  kills survived       {figures['kills']} ({by_kind})")
-    print(f"  restarts             {restarts} (unexpected: {figures['unexpected_restarts']})")
+    print(f"  restarts             {restarts} (unexpected: {figures['unexpected_restarts']}; game processes killed "
+          f"while starting, each allowed its worker's: {killer.games_killed_starting})")
+    print(f"  start-ups            {figures['start_ups']} of rollout workers, longest {figures['longest_start_up_s']} s "
+          f"from death to first step (at most {args.start_up_s:g} s)")
     print(f"  stalled splits       {figures['stalled_splits']} (longest silence of a split "
-          f"{figures['longest_split_silence_s']} s; a stall is {args.stall_s:g} s)")
+          f"{figures['longest_split_silence_s']} s, {figures['longest_unexplained_split_silence_s']} s of it "
+          f"outside start-ups and holds; a stall is {args.stall_s:g} s of that)")
     print(f"  learner              {figures['learner_frames']:,} frames trained, longest pause "
-          f"{figures['longest_learner_pause_s']} s")
+          f"{figures['longest_learner_pause_s']} s ({figures['longest_unexplained_learner_pause_s']} s outside "
+          f"start-ups and holds; held {figures['learner_held_s']} s in all)")
+    if args.least_kills:
+        print(f"  recovered            {'yes' if figures['ended_on_kills'] else 'NO'} (the learner trained and every "
+              f"split stepped after the last kill, before --minutes)")
     print(f"  split counters       lowest {figures['lowest_split_counter']} (idle is -1)")
     print(f"  policy lag           highest {killer.highest_lag:g}" + ("" if cfg.async_rl else " (synchronous: must stay 0)"))
     print(f"  slots lost           {lost} of {figures['num_slots']} ({with_learner} left with the learner)")
