@@ -329,6 +329,26 @@ def slots_lost(cfg, shared) -> tuple[int, int]:
     return control.num_slots - control.free_count, with_learner
 
 
+CHECKS = {True: "hold", False: "FAILED", None: "in its log (files of 2717bfc)"}
+
+
+def table_of(paths: list[str]) -> str:
+    """One row per --json file: what docs/faults.md and docs/bench/chaos/ quote."""
+    lines = ["| file | commit | env | min | kills | games killed starting | restarts (unexpected) | longest start-up s "
+             "| longest split silence s (outside start-ups and holds) | longest learner pause s (outside) "
+             "| learner held s | slots lost | recovered | exit | every check |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        f = json.loads(Path(path).read_text())
+        lines.append(f"| {Path(path).name} | {f['commit']}{'+' if f['uncommitted'] else ''} | {f['env']} | {f['minutes']} "
+                     f"| {f['kills']} | {f['games_killed_starting']} | {f['restarts']} ({f['unexpected_restarts']}) "
+                     f"| {f['longest_start_up_s']} | {f['longest_split_silence_s']} ({f['longest_unexplained_split_silence_s']}) "
+                     f"| {f['longest_learner_pause_s']} ({f['longest_unexplained_learner_pause_s']}) | {f['learner_held_s']} "
+                     f"| {f['slots_lost']} of {f['num_slots']} | {'yes' if f['ended_on_kills'] else 'no'} | {f['exit_code']} "
+                     f"| {CHECKS.get(f.get('every_check_holds'))} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0,
@@ -351,7 +371,12 @@ def main() -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="asynchronous",
                         help="asynchronous: doom_basic; synchronous: atari_breakout, its family's synchronous default")
+    parser.add_argument("--table", nargs="+", metavar="JSON", default=None,
+                        help="print the Markdown table of these runs' --json files instead of running")
     args = parser.parse_args()
+    if args.table:
+        print(table_of(args.table))
+        return 0
 
     train_dir = tempfile.mkdtemp(prefix="appo_chaos_")
     cfg = appo.parse_args([*CONFIGS[args.config], "--num_workers", "2", "--num_envs_per_worker", "4",
@@ -406,6 +431,7 @@ def main() -> int:
           and figures["lowest_split_counter"] >= IDLE and lost == 0 and with_learner == 0
           and figures["unexpected_restarts"] == 0 and exit_code == 0 and not left and not new_shm
           and (cfg.async_rl or killer.highest_lag == 0))
+    figures["every_check_holds"] = ok
     by_kind = ", ".join(f"{kind} {count}" for kind, count in killer.kills.items())
     collection = "asynchronous" if cfg.async_rl else "synchronous"
     print(f"\nchaos run: {cfg.env} ({collection}), 2 rollout workers x 2 splits, 2 policy workers, {minutes:.1f} min, "

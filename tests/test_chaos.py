@@ -45,3 +45,14 @@ def test_a_run_whose_workers_are_killed_every_two_seconds_loses_nothing(tmp_path
     assert figures["start_ups"] >= 2 and figures["longest_start_up_s"] > 0  # the books saw the workers step
     assert figures["learner_frames"] > 0 and figures["processes_left"] == 0 and figures["shm_entries_left"] == 0
     assert [p.name for p in temp_dir.iterdir() if p.name.startswith("appo_chaos_")] == []  # its 34 MB folder is gone
+
+
+def test_the_table_of_the_runs_beside_a_training_is_the_one_their_files_make():
+    """docs/bench/chaos/README.md quotes the runs' figures as `chaos.py --table` prints them."""
+    bench = os.path.join(os.path.dirname(TESTS), "docs", "bench", "chaos")
+    files = sorted(os.path.join(bench, "beside_doom_basic", name) for name in os.listdir(os.path.join(bench, "beside_doom_basic"))
+                   if name.endswith(".json"))
+    table = subprocess.run([sys.executable, SCRIPT, "--table", *files], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert len(table.splitlines()) == 2 + len(files) == 8
+    assert table in open(os.path.join(bench, "README.md")).read()
