@@ -66,6 +66,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import appo  # noqa: E402
 import appo_ipc  # noqa: E402
+import env as envs  # noqa: E402
 
 IDLE = -1  # SlotControl.pending of a split its rollout worker holds (it is stepping its envs)
 KINDS = ("rollout worker", "policy worker", "game process", "policy worker while a split steps",
@@ -97,23 +98,23 @@ def is_resource_tracker(pid: int) -> bool:
         return True  # gone
 
 
-def game_processes(rollout_worker_pid: int) -> list[tuple[int, str]]:
-    """The VizDoom game processes a rollout worker started: (pid, instance id)."""
+def game_processes(rollout_worker_pid: int) -> list[int]:
     found = []
     for pid in children_of(rollout_worker_pid):
         try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"+viz_instance_id" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
         except OSError:
-            continue
-        if b"+viz_instance_id" in args:
-            found.append((pid, args[args.index(b"+viz_instance_id") + 1].decode()))
+            pass
     return found
 
 
-def game_is_starting(rollout_worker_pid: int, instance_id: str) -> bool:
+def game_is_starting(rollout_worker_pid: int, game_pid: int) -> bool:
     """VizDoom's init has not opened the game's shared memory yet (a death now segfaults the worker)."""
+    segments = envs.shared_memory_of([game_pid])  # its ViZDoomSM<id> first
     try:
-        return f"ViZDoomSM{instance_id}" not in Path(f"/proc/{rollout_worker_pid}/maps").read_text()
+        return bool(segments) and os.path.basename(segments[0]) not in Path(
+            f"/proc/{rollout_worker_pid}/maps").read_text()
     except OSError:
         return False  # the worker is gone
 
@@ -279,8 +280,8 @@ class Killer:
             games = [(child.process.pid, game) for child in rollout for game in game_processes(child.process.pid)]
             if not games:
                 return False
-            worker_pid, (pid, instance_id) = self.rng.choice(games)
-            starting = game_is_starting(worker_pid, instance_id)
+            worker_pid, pid = self.rng.choice(games)
+            starting = game_is_starting(worker_pid, pid)
             killed = self.sigkill(pid)
             self.games_killed_starting += killed and starting
             return killed

@@ -646,22 +646,15 @@ def test_a_registered_env_without_defaults_gets_those_of_what_it_observes(monkey
 
 KILL_THE_GAME = """
 import os, sys, threading, time
-from pathlib import Path
 import env as envs
+from conftest import vizdoom_processes
 
 def kill_the_game():  # the first game process this process starts, as soon as it exists
-    while True:
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\\0")
-            except OSError:
-                continue
-            if parent == os.getpid() and b"+viz_instance_id" in args:
-                print(args[args.index(b"+viz_instance_id") + 1].decode(), flush=True)
-                os.kill(int(entry), 9)
-                return
+    while not (games := vizdoom_processes()):
         time.sleep(0.001)
+    (pid, instance_id), = games.items()
+    print(instance_id, flush=True)
+    os.kill(pid, 9)
 
 starting = sys.argv[1] == "starting"
 game = None if starting else envs.create_env("doom_basic")
@@ -685,7 +678,8 @@ def test_vizdoom_segfaults_its_host_when_its_game_process_dies_while_starting(tm
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for when, expected_code, raised in (("starting", -11, False), ("started", 0, True)):
         result = subprocess.run([sys.executable, "-c", KILL_THE_GAME, when], capture_output=True, text=True,
-                                timeout=120, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=repo))
+                                timeout=120, cwd=tmp_path,
+                                env=dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.path.join(repo, "tests")])))
         instance_id, *rest = result.stdout.split()
         for path in Path("/dev/shm").glob(f"ViZDoom*{instance_id}"):  # a killed game and a dead host free nothing
             path.unlink()
