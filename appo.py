@@ -39,6 +39,7 @@ import itertools
 import json
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import queue
 import random
@@ -1668,7 +1669,30 @@ def child_process_context():
     child_process_setup): their parent-death signal and `parent_alive` hold as before."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "numpy", "gymnasium"])  # what appo.py and env.py import
+    fork_server_socket_in_a_short_folder()
     return context
+
+
+# A Unix socket's path holds at most 107 bytes. The fork server listens on one named like this,
+# inside multiprocessing's temporary folder (made in $TMPDIR when first needed).
+FORK_SERVER_SOCKET_NAME = os.path.join("pymp-12345678", "listener-12345678")
+
+
+def fork_server_socket_in_a_short_folder():
+    """Under a deep $TMPDIR (pytest-xdist's tmp_path folders: 108 bytes) the fork server could not
+    start ("AF_UNIX path too long") and the run died. There, multiprocessing's temporary folder, which
+    holds nothing but such sockets and is removed at exit, is made in /tmp instead; the run's own
+    temporary files stay in $TMPDIR. Python 3.13's multiprocessing does the same by itself."""
+    def fits(folder: str) -> bool:
+        return len(os.path.join(folder, FORK_SERVER_SOCKET_NAME).encode()) <= 107
+
+    if fits(tempfile.gettempdir()) or not os.access("/tmp", os.W_OK):
+        return
+    temp_dir, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()  # made once a process, kept for the server's socket
+    finally:
+        tempfile.tempdir = temp_dir
 
 
 def stop_fork_server():

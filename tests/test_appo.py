@@ -1591,6 +1591,27 @@ def test_pinned_rollout_worker_takes_one_core_and_a_lower_priority(processes, wo
     assert niceness == os.nice(0) + appo.ROLLOUT_WORKER_NICENESS
 
 
+def test_children_start_under_a_temporary_folder_too_deep_for_the_fork_servers_socket(tmp_path):
+    """The fork server listens on a Unix socket in multiprocessing's temporary folder, and such a path
+    holds at most 107 bytes. Under pytest-xdist's tmp_path as TMPDIR both chaos runs died with
+    "can only join a started process" (2026-11-29). A run under such a TMPDIR starts its children, and
+    its own temporary files still go to TMPDIR."""
+    deep = tmp_path / ("d" * max(1, 108 - len(str(tmp_path))))
+    deep.mkdir()
+    assert len(os.path.join(str(deep), appo.FORK_SERVER_SOCKET_NAME)) > 107
+    script = ("import tempfile, appo\n"
+              "context = appo.child_process_context()\n"
+              "child = context.Process(target=print, args=('child ran',))\n"
+              "child.start(); child.join(60)\n"
+              "print(child.exitcode, tempfile.gettempdir())\n"
+              "appo.stop_fork_server()\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, env={**os.environ, "TMPDIR": str(deep)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["child ran", f"0 {deep}"]
+    assert os.listdir(deep) == []  # multiprocessing's folder was elsewhere, and is gone
+
+
 def report_pinning(worker_id, num_workers, local_rank, results):
     if local_rank is not None:
         os.environ["LOCAL_RANK"] = local_rank
