@@ -24,9 +24,10 @@ RUN_TAG = "APPO_TEST_RUN=" + os.environ.setdefault("APPO_TEST_RUN", uuid.uuid4()
 # How long a test's training command may run before the test calls it hung: the runs train a number
 # of frames, not seconds, so a loaded machine makes them longer, not shorter. Beside a doom_basic
 # training on the same 2 cores a 16,000-frame run of the policy-lag test took over 240 s (2026-11-28;
-# about 60 s alone). Below pytest's own limit of 600 s a test (pyproject.toml), which stays the
-# guard of a test that runs several commands.
-RUN_TIMEOUT_S = 540
+# about 60 s alone), and two tests at a time beside it halve each test's share of the cores again.
+# Below pytest's own limit of 900 s a test (pyproject.toml), which stays the guard of a test that
+# runs several commands.
+RUN_TIMEOUT_S = 840
 
 
 def processes_tagged(tag: str) -> list[int]:

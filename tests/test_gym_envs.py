@@ -1,8 +1,10 @@
 """gym:<id> end to end: a discrete env and a continuous one learn with the family's defaults."""
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import uuid
 
 import pytest
@@ -25,12 +27,34 @@ def train(tmp_path, env: str, frames: int, env_vars: dict | None = None) -> tupl
 
 @pytest.mark.slow
 def test_cartpole_learns_with_the_defaults(tmp_path):
-    """Random play averages about 22. With the gym: defaults the 100-game average passed 200 by
-    25k frames in every run here; two of four runs reached 500 and stayed, two peaked at 475-484
-    and fell back, so this checks that it learns, not the 475 mark."""
-    result, returns = train(tmp_path, "gym:CartPole-v1", 100_000)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert returns and max(returns) >= 200, result.stdout[-3000:]
+    """Random play averages about 22. With the gym: defaults the 100-game average passed 200 at
+    29,696-48,128 frames in the six saved bench runs (docs/bench/gym/gym:CartPole-v1 and
+    superseded_200k/); two of four earlier runs reached 500 and stayed, two peaked at 475-484 and fell
+    back, so this checks that it learns, not the 475 mark. The run is stopped by Ctrl-C once the
+    average passes 200 (a loaded machine takes longer, not more frames), or ends at 100k frames."""
+    tag = uuid.uuid4().hex
+    command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "gym:CartPole-v1", "--train_for_env_steps",
+               "100000", "--train_dir", str(tmp_path), "--report_every_sec", "3"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                               env=dict(os.environ, APPO_TEST_TAG=tag))
+    timer = threading.Timer(RUN_TIMEOUT_S, process.kill)  # the hang guard of train()'s subprocess.run
+    timer.start()
+    lines, returns, stopped = [], [], False
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            returns += [float(value) for value in re.findall(r"avg return (-?[\d.]+) \(100 ep\)", line)]
+            if returns and returns[-1] >= 200 and not stopped:
+                process.send_signal(signal.SIGINT)  # learnt: the same clean stop as at the budget
+                stopped = True
+        returncode = process.wait()
+    finally:
+        timer.cancel()
+        process.kill()
+    output = "".join(lines)[-3000:]
+    assert returncode == 0, output
+    assert returns and max(returns) >= 200, output
+    assert processes_still_tagged(tag) == []
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from conftest import processes_still_tagged
+from conftest import RUN_TIMEOUT_S, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ def test_the_seed_and_learning_rate_sweep_runs_every_pair_and_plots(tmp_path):
     result = subprocess.run(["bash", os.path.join(REPO, "scripts", "tools", "sweep_doom_basic_lr.sh"), "--num_workers", "1",
                              "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--batch_size", "64",
                              "--rollout", "16", "--report_every_sec", "1"],
-                            capture_output=True, text=True, timeout=600, env=env)
+                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     names = [f"doom_basic_lr{lr}_seed{seed}" for lr in ("1e-4", "3e-4") for seed in (1, 2)]
     for name in names:
