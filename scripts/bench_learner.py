@@ -4,6 +4,7 @@ GPU, and the host synchronisations in one step, on an env's own model.
 
     python scripts/bench_learner.py --device cuda                  # doom_basic, batch 512, rollout 32
     python scripts/bench_learner.py --device cpu --seconds 2 --json
+    python scripts/bench_learner.py --device cpu --profile 3       # where a step's time goes, by op
 
 The batch comes from shared rollout slots filled with random data and goes through
 `Learner.take_batch`, as in training; every step after the warm-up trains on that same batch. Its
@@ -21,6 +22,8 @@ ends, is timed at the number of segments training gives it. Reported:
   syncs_per_step       (GPU) host synchronisations in one step, as torch.cuda.set_sync_debug_mode
                        ("warn") reports them; with and without statistics where train_step takes
                        `report` (a report is due about once a second in training)
+  profile              (--profile N) the ops that took most of N steps' time on the host, by
+                       torch.profiler's self CPU time: each op's share and ms per step
 
 On the CPU only the wall-clock figures exist; the others are null with the reason.
 """
@@ -60,6 +63,8 @@ def parse_args(argv=None):
     parser.add_argument("--episode_steps", type=int, default=EPISODE_STEPS,
                         help="every trajectory's episodes end this many steps apart (default: a trained doom_basic "
                              "agent's)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile N steps: the ops with the most self CPU time, each one's share")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("trainer_flags", nargs="*", help="after --: more appo.py flags (model, precision)")
     return parser.parse_args(argv)
@@ -134,6 +139,19 @@ def kernel_ms(function, calls: int) -> float:
     return total_us / 1e3 / calls
 
 
+def op_shares(function, calls: int, most: int = 12) -> list[dict]:
+    """The ops with the most self CPU time over `calls` calls (torch.profiler): name, share of all
+    ops' self CPU time, ms per call."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(calls):
+            function()
+    events = sorted(profiler.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
+    total_us = sum(event.self_cpu_time_total for event in events)
+    return [{"op": event.key, "share": round(event.self_cpu_time_total / total_us, 4),
+             "ms_per_call": round(event.self_cpu_time_total / 1e3 / calls, 3)} for event in events[:most]]
+
+
 def time_calls(function, seconds: float, min_calls: int, cuda: bool) -> dict:
     """Wall-clock ms per call over many calls (on a GPU the queue is drained once, at the end) and,
     on a GPU, the mean ms between CUDA events recorded around each call."""
@@ -157,7 +175,7 @@ def time_calls(function, seconds: float, min_calls: int, cuda: bool) -> dict:
 
 
 def time_train_step(cfg, spaces_pair, reward_shaping, seconds: float, min_steps: int = 5,
-                    warmup_steps: int = 3, episode_steps: int = EPISODE_STEPS) -> dict:
+                    warmup_steps: int = 3, episode_steps: int = EPISODE_STEPS, profile_steps: int = 0) -> dict:
     """train_step on cfg's model and batch: the figures of the module docstring."""
     cuda = torch.device(cfg.device).type == "cuda"
     result = {}
@@ -188,6 +206,8 @@ def time_train_step(cfg, spaces_pair, reward_shaping, seconds: float, min_steps:
         else:
             result.update(kernel_ms_per_step=None, syncs_per_step=None, syncs_per_step_with_report=None,
                           gpu_figures="no GPU: --device cpu")
+        if profile_steps:
+            result["profile"] = op_shares(lambda: quiet_step(batch), profile_steps)
     return result
 
 
@@ -200,9 +220,9 @@ def measure(args) -> dict:
     result = {"env": args.env, "device": cfg.device, "batch_size": cfg.batch_size, "rollout": cfg.rollout,
               "sgd_steps_per_train_step": cfg.num_epochs * cfg.num_batches_per_epoch,
               "encoder_dtype": cfg.encoder_dtype, "episode_steps": args.episode_steps, "torch": torch.__version__,
-              "gpu": torch.cuda.get_device_name(0) if cuda else None}
+              "threads": torch.get_num_threads(), "gpu": torch.cuda.get_device_name(0) if cuda else None}
     result.update(time_train_step(cfg, probe.spaces, probe.reward_shaping, args.seconds, args.min_steps,
-                                  args.warmup_steps, args.episode_steps))
+                                  args.warmup_steps, args.episode_steps, args.profile))
     return result
 
 
@@ -215,7 +235,12 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=1))
     else:
         for key, value in result.items():
-            print(f"{key}: {round(value, 3) if isinstance(value, float) else value}")
+            if key == "profile":
+                print("profile (self CPU time of each op: share, ms a step):")
+                for row in value:
+                    print(f"  {row['share']:6.1%} {row['ms_per_call']:10.1f}  {row['op']}")
+            else:
+                print(f"{key}: {round(value, 3) if isinstance(value, float) else value}")
     return 0
 
 

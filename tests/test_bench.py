@@ -423,3 +423,16 @@ def test_the_learner_benchmarks_batch_ends_episodes_as_a_trained_doom_basic_agen
     plan = appo.rnn_segments(done[:, :-1].T)  # the T steps that train, [T, B]
     assert plan.max_len == 6 and plan.num_segments >= 16 * 32 // 6
     assert bench_learner.parse_args([]).episode_steps == bench_learner.EPISODE_STEPS == 6
+
+
+def test_the_learner_benchmarks_profile_names_the_ops_that_took_the_step_and_their_shares():
+    """--profile N: torch.profiler's ops by self CPU time over N steps, most first; the doom_basic
+    model's convolutions are among them, and no op's share is more than the whole."""
+    args = bench_learner.parse_args(["--device", "cpu", "--batch_size", "64", "--rollout", "8", "--seconds", "0",
+                                     "--min_steps", "1", "--warmup_steps", "0", "--profile", "1"])
+    result = bench_learner.measure(args)
+    shares = [row["share"] for row in result["profile"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1.0001
+    assert any("convolution" in row["op"] for row in result["profile"]), result["profile"]
+    assert all(row["ms_per_call"] >= 0 for row in result["profile"]) and result["threads"] >= 1
+    assert bench_learner.parse_args([]).profile == 0  # off unless asked
