@@ -63,3 +63,30 @@ def test_bench_throughputs_json_output_records_its_commit_cpu_torch_and_precisio
     monkeypatch.setattr(args, "envs_per_worker", [4, 8])  # a sweep: a list, each configuration with its own
     assert [r["provenance"]["commit"] for r in bench_throughput.json_output(args, [result, result])] == \
         [provenance["commit"]] * 2
+
+
+def test_throughput_mds_compile_table_is_what_its_result_file_says():
+    """docs/results/throughput.md's `--compile` row: each leg's median and runs, and both ratios to
+    Sample Factory, as the result file it names records them (rounded as the page prints them)."""
+    with open(os.path.join(REPO, "docs", "results", "throughput.md")) as f:
+        page = f.read()
+    section = page[page.index("## `--compile`"):page.index("## The cost of `--encoder resnet`")]
+    name = re.search(r"docs/bench/throughput/compile/(doom_basic_\w+\.json)", section).group(1)
+    with open(os.path.join(REPO, "docs", "bench", "throughput", "compile", name)) as f:
+        result = json.load(f)["results"][0]
+    row = next(line for line in section.splitlines() if line.startswith("| frames trained / s |"))
+
+    def leg(key: str) -> str:
+        runs = ", ".join(f"{run['fps']:,.0f}" for run in result["runs"][key])
+        return f"{result[key + '_fps']:,.0f} ({runs})"
+    expected = (f"| frames trained / s | {leg('ours')} | {leg('ours_compile')} | {leg('sf')} | "
+                f"{result['ours_over_sf']:.2f} | {result['ours_compile_over_sf']:.2f} |")
+    assert row == expected
+    for label, field, form in (("launch to the first frames trained", "first_trained_s", "{:.1f} s"),
+                               ("learner busy (each run's status line)", None, "{:.0f}%")):
+        cells = [", ".join(form.format(run[field] if field else run["busy_percent"]["learner"])
+                           for run in result["runs"][key]).replace(" s, ", ", ") for key in ("ours", "ours_compile")]
+        assert f"| {label} | {cells[0]} | {cells[1]} |" in section
+    assert result["precision"]["ours"] == result["precision"]["ours_compile"] == "float32 encoder"  # like for like
+    gain = result["ours_compile_fps"] / result["ours_fps"]
+    assert f"`--compile` over appo.py: {gain:.2f} at the medians" in section
