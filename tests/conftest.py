@@ -20,6 +20,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["APPO_TEST_RUN"] = uuid.uuid4().hex
 RUN_TAG = "APPO_TEST_RUN=" + os.environ.setdefault("APPO_TEST_RUN", uuid.uuid4().hex)
 
+# The tests' own tensor work (models trained in this process) on one thread, as appo.py gives each
+# of its processes on 2 cores. With torch's default of a thread per core, a test process that shares
+# the cores (two tests at a time, or beside a training) waits at every parallel op for whichever of
+# its threads is descheduled: beside a doom_basic training, two at a time, the critic test's 120
+# small SGD steps ran over 20 minutes (13.5 s alone). Only this process: children start from the
+# fork server or a fresh interpreter, with their own setting (test_appo checks theirs).
+torch.set_num_threads(1)
+
 
 # How long a test's training command may run before the test calls it hung: the runs train a number
 # of frames, not seconds, so a loaded machine makes them longer, not shorter. Beside a doom_basic
