@@ -24,8 +24,9 @@ RUN_TAG = "APPO_TEST_RUN=" + os.environ.setdefault("APPO_TEST_RUN", uuid.uuid4()
 # of its processes on 2 cores. With torch's default of a thread per core, a test process that shares
 # the cores (two tests at a time, or beside a training) waits at every parallel op for whichever of
 # its threads is descheduled: beside a doom_basic training, two at a time, the critic test's 120
-# small SGD steps ran over 20 minutes (13.5 s alone). Only this process: children start from the
-# fork server or a fresh interpreter, with their own setting (test_appo checks theirs).
+# small SGD steps ran over 20 minutes (13.5 s two at a time on an idle machine, at f5c9887). Only
+# this process: children start from the fork server or a fresh interpreter, with their own setting
+# (test_appo checks theirs).
 torch.set_num_threads(1)
 
 
