@@ -173,7 +173,9 @@ def test_a_worker_still_starting_gets_the_start_up_allowance_and_then_the_env_st
         run.beat(0)  # its first heartbeat: from here on, the env step timeout
         time.sleep(1.0)
         assert supervisor.check() is None and restarted == ["rollout worker 0"]
-        assert "rollout worker 0 sent no heartbeat for 1 s (--env_step_timeout 0.5); restarting it" in capsys.readouterr().out
+        # "for 1 s", or more where the sleep overran on a loaded machine
+        assert re.search(r"rollout worker 0 sent no heartbeat for \d+ s \(--env_step_timeout 0\.5\); restarting it",
+                         capsys.readouterr().out)
     finally:
         child.process.kill()
         child.process.join()
