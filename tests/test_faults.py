@@ -25,6 +25,12 @@ from conftest import processes_tagged
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
+# Each test ends its run itself once the events it checks have happened (or the run ends on its own
+# fault): the seconds below only bound a run, and a loaded machine needs many more of them. Two
+# tests at a time beside a doom_basic training (2026-12-03, docs/bench/suite/) these runs had trained
+# 0-1,024 frames after 34-62 s, and healthy workers went 4-5 s between heartbeats.
+UNTIL_STOPPED_S = "600"
+EVENT_TIMEOUT_S = 300.0  # how long a test waits for one event of its run: a hang guard, as RUN_TIMEOUT_S
 SMALL_RUN = ["--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64",
              "--hidden_size", "64", "--report_every_sec", "1", "--seed", "1", "--env_frameskip", "4"]
 
@@ -67,7 +73,7 @@ class Run:
         with self.changed:
             return "\n".join(self.lines)
 
-    def wait_for(self, pattern: str, timeout: float = 90.0, after: int = 0) -> tuple[int, re.Match]:
+    def wait_for(self, pattern: str, timeout: float = EVENT_TIMEOUT_S, after: int = 0) -> tuple[int, re.Match]:
         """The first output line from line `after` on that matches `pattern`: (its index, the match)."""
         deadline = time.monotonic() + timeout
         with self.changed:
@@ -97,7 +103,7 @@ class Run:
     def children(self, role: str) -> list[int]:
         return [pid for pid in processes_tagged(self.tag) if process_name(pid) == f"appo-{role}"]
 
-    def finish(self, timeout: float = 120.0) -> int:
+    def finish(self, timeout: float = EVENT_TIMEOUT_S) -> int:
         code = self.process.wait(timeout=timeout)
         self.reader.join(timeout=10)
         return code
@@ -118,7 +124,7 @@ class Run:
                 pass
         return loaded
 
-    def wait_for_checkpoint(self, timeout: float = 30.0):
+    def wait_for_checkpoint(self, timeout: float = EVENT_TIMEOUT_S):
         deadline = time.monotonic() + timeout
         while not self.checkpoints():
             assert time.monotonic() < deadline, f"no checkpoint within {timeout:.0f}s:\n{self.output_tail()}"
@@ -138,8 +144,8 @@ def trained_frames(line: str) -> int:
 @COLLECTION
 def test_an_env_that_raises_or_whose_game_process_dies_is_recreated(tmp_path, collection):
     # envs 0 and 1 live in rollout worker 0, env 2 in rollout worker 1; env 1's reset at the start fails
-    run = Run(tmp_path, ["--train_for_seconds", "60", *collection], faults="raise:0:20,crash:2:20,resetraise:1:1",
-              env="doom_faulty")
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, *collection],
+              faults="raise:0:20,crash:2:20,resetraise:1:1", env="doom_faulty")
     try:
         index, _ = run.wait_for(r"faults: env 3 ")  # all three faults
         before = trained_frames(run.lines[run.wait_for(r"trained", after=index)[0]])
@@ -183,7 +189,7 @@ def test_a_worker_still_starting_gets_the_start_up_allowance_and_then_the_env_st
 
 @pytest.mark.slow
 def test_a_hung_env_gets_its_worker_killed_and_restarted(tmp_path):
-    run = Run(tmp_path, ["--train_for_seconds", "90", "--env_step_timeout", "4"], faults="hang:0:20",
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--env_step_timeout", "10"], faults="hang:0:20",
               env="doom_faulty")
     try:
         index, _ = run.wait_for(r"rollout worker 0 sent no heartbeat for \d+ s .*restarting it")
@@ -198,7 +204,7 @@ def test_a_hung_env_gets_its_worker_killed_and_restarted(tmp_path):
 @pytest.mark.slow
 @COLLECTION
 def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(tmp_path, collection):
-    run = Run(tmp_path, ["--train_for_seconds", "120", *collection])
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, *collection])
     try:
         run.wait_for_training()
         os.kill(run.children("rollout")[0], signal.SIGKILL)
@@ -224,7 +230,7 @@ def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(
 
 @pytest.mark.slow
 def test_too_many_restarts_stop_the_run_with_a_message_and_a_checkpoint(tmp_path):
-    run = Run(tmp_path, ["--train_for_seconds", "120", "--max_restarts", "0"])
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--max_restarts", "0"])
     try:
         run.wait_for_training()
         os.kill(run.children("rollout")[0], signal.SIGKILL)
@@ -238,7 +244,7 @@ def test_too_many_restarts_stop_the_run_with_a_message_and_a_checkpoint(tmp_path
 
 @pytest.mark.slow
 def test_the_learner_dying_stops_the_run_with_its_checkpoint_intact(tmp_path):
-    run = Run(tmp_path, ["--train_for_seconds", "120", "--save_every_sec", "1"])
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "1"])
     try:
         run.wait_for_training()
         run.wait_for_checkpoint()
@@ -253,7 +259,7 @@ def test_the_learner_dying_stops_the_run_with_its_checkpoint_intact(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_of_the_runner_ends_every_child_and_the_next_run_resumes(tmp_path):
-    run = Run(tmp_path, ["--train_for_seconds", "120", "--save_every_sec", "1"])
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "1"])
     try:
         run.wait_for_training()
         run.wait_for_checkpoint()
@@ -273,7 +279,7 @@ def test_sigkill_of_the_runner_ends_every_child_and_the_next_run_resumes(tmp_pat
 @pytest.mark.slow
 def test_nonfinite_losses_are_skipped_then_stop_the_run_with_a_reason(tmp_path):
     nan_everywhere = ",".join(f"nan:{env_index}:1" for env_index in range(4))
-    run = Run(tmp_path, ["--train_for_seconds", "120"], faults=nan_everywhere, env="doom_faulty")
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S], faults=nan_everywhere, env="doom_faulty")
     try:
         assert run.finish() == 1, run.output_tail()
     finally:
@@ -330,7 +336,7 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, proces
 @pytest.mark.slow
 def test_a_full_disk_during_training_is_reported_and_training_goes_on(tmp_path):
     """The fault table's row in a live run: after the first checkpoint the learner's disk is full."""
-    run = Run(tmp_path, ["--train_for_seconds", "90", "--save_every_sec", "2"], faults="diskfull:1",
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "2"], faults="diskfull:1",
               env="doom_faulty")
     try:
         index, _ = run.wait_for(r"error: could not save checkpoint of policy 0: .*(File too large|could not write)")
