@@ -5,14 +5,14 @@
 # `python setup.py build_ext --inplace`), alone on the machine, in the background: a pass takes
 # 1-2 hours on 2 cores.
 #   nohup setsid scripts/suite_under_load.sh > /tmp/suite_under_load.out 2>&1 &
-#   PASSES=1 PYTEST_ARGS="-n 2 --dist worksteal" scripts/suite_under_load.sh
+#   PASSES=1 PYTEST_ARGS="" scripts/suite_under_load.sh      # one test at a time instead
 # Writes docs/bench/suite/<commit>_<date>_beside_doom_basic_pass<N>.txt: the command, commit,
 # machine and times in its first lines, then pytest's output with each slow test's time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PASSES="${PASSES:-2}"
-PYTEST_ARGS="${PYTEST_ARGS:-}"
+PYTEST_ARGS="${PYTEST_ARGS--n 2 --dist worksteal}"  # the README's command: two tests at a time
 OUT_DIR="${OUT_DIR:-docs/bench/suite}"
 TRAIN_DIR="$(mktemp -d /tmp/suite_under_load_train.XXXXXX)"
 commit=$(git rev-parse --short HEAD)
