@@ -91,3 +91,49 @@ def test_throughput_mds_compile_table_is_what_its_result_file_says():
     assert result["precision"]["ours"] == result["precision"]["ours_compile"] == "float32 encoder"  # like for like
     gain = result["ours_compile_fps"] / result["ours_fps"]
     assert f"`--compile` over appo.py: {gain:.2f} at the medians" in section
+
+
+def suite_log_says(path: str) -> dict:
+    """What a saved run of the test suite says of itself: its header's commit, machine and mode, and
+    pytest's summary line (a stopped run has none: its result lines are counted instead)."""
+    with open(path) as f:
+        text = f.read()
+    command, machine_line = text.splitlines()[:2]
+    said = {"commit": re.search(r"(?:worktree|checkout) of ([0-9a-f]{7})", command).group(1),
+            "started": re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", machine_line).group(0),
+            "machine": "AMD EPYC" if "AMD EPYC" in machine_line else
+                       "Intel Xeon @ 2.50GHz" if "Intel(R) Xeon(R) Processor @ 2.50GHz" in machine_line else
+                       "the same machine" if "the same machine" in machine_line else "?",
+            "how": ("two at a time" if "-n 2" in command else "one at a time")
+                   + (", beside a training" if "beside `python appo.py --env doom_basic`" in command else ", alone")}
+    summary = re.findall(r"^(.*(?:passed|failed).*) in ([0-9.]+)s", text, re.M)
+    if summary:
+        counts, seconds = summary[-1]
+        count = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|error)", counts)}
+        failed = str(count.get("failed", 0)) + (f" (+{count['error']} error)" if count.get("error") else "")
+        said.update(passed=str(count["passed"]), failed=failed, skipped=str(count["skipped"]),
+                    s=str(round(float(seconds))))
+    else:
+        stopped = re.search(r"stopped by hand at (\d+%)", text).group(1)
+        errors = len(re.findall(r" ERROR\b", text))
+        said.update(passed=f"stopped at {stopped}: {len(re.findall(r' PASSED', text))}",
+                    failed=f"{len(re.findall(r' FAILED', text))} (+{errors} errors)", skipped="-", s="-")
+    return said
+
+
+def test_every_saved_run_of_the_suite_is_in_testing_mds_table_as_its_log_says():
+    """docs/testing.md's table of the suite's runs: one row for each log in docs/bench/suite/, its
+    commit, machine, mode, counts and seconds as the log's own header and pytest's summary say."""
+    with open(os.path.join(REPO, "docs", "testing.md")) as f:
+        rows = [line.split("|")[1:-1] for line in f if line.startswith("| `")]
+    columns = ["commit", "machine", "how", "passed", "failed", "skipped", "s"]
+    table = {row[0].strip().strip("`"): dict(zip(columns, (cell.strip() for cell in row[1:]))) for row in rows}
+    logs = sorted(os.listdir(os.path.join(REPO, "docs", "bench", "suite")))
+    assert sorted(table) == logs
+    said = {name: suite_log_says(os.path.join(REPO, "docs", "bench", "suite", name)) for name in logs}
+    machine = "?"
+    for name in sorted(logs, key=lambda name: said[name].pop("started")):
+        if said[name]["machine"] == "the same machine":  # as the run before it
+            said[name]["machine"] = machine
+        machine = said[name]["machine"]
+        assert table[name] == said[name], name
