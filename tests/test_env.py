@@ -693,15 +693,17 @@ def test_vizdoom_segments_that_no_game_names_are_orphans_once_old_enough():
     old, fresh = "/dev/shm/ViZDoomMQDoomtestOrphanOld", "/dev/shm/ViZDoomMQDoomtestOrphanNew"
     for path in (old, fresh):
         open(path, "w").close()
-    os.utime(old, (time.time() - 60, time.time() - 60))
     env = create_env("doom_basic", flags(seed=1))
     try:
         game_pids = vizdoom_processes()
         live = envs.shared_memory_of(list(game_pids))
         assert len(live) == 3 and all(os.path.exists(path) for path in live)
-        for path in live:  # a running game's own, however old, are not orphans
+        # the ages are set once the game runs: its start took over 5 s on a loaded machine, which
+        # made `fresh` old enough to count (two tests at a time beside a training, 2026-12-03)
+        for path in (old, *live):  # a running game's own, however old, are not orphans
             os.utime(path, (time.time() - 60, time.time() - 60))
-        orphans = envs.orphaned_shared_memory(older_than_s=5.0)
+        os.utime(fresh)
+        orphans = envs.orphaned_shared_memory(older_than_s=30.0)
         assert old in orphans and fresh not in orphans and not set(live) & set(orphans)
     finally:
         env.close()
