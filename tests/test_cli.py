@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import appo
-from conftest import processes_still_tagged
+from conftest import RUN_TIMEOUT_S, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,8 +68,10 @@ BAD_INVOCATIONS = [
 
 
 def run_appo_cli(flags: list[str], cwd, tag: str) -> subprocess.CompletedProcess:
+    # RUN_TIMEOUT_S, not 120 s: two tests at a time beside a training (2026-12-03) the duel run, then
+    # given 25 s, took 34 s to start its two games and was not done at 120 s
     return subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), *flags], capture_output=True, text=True,
-                          timeout=120, cwd=cwd, env=dict(os.environ, APPO_TEST_TAG=tag))
+                          timeout=RUN_TIMEOUT_S, cwd=cwd, env=dict(os.environ, APPO_TEST_TAG=tag))
 
 
 def check_bad_invocation(flags: list[str], expected: str, returncode: int, output: str):
@@ -143,7 +145,7 @@ def test_a_doom_duel_run_shows_only_the_trainers_lines_and_logs_the_engines(tmp_
     tag = uuid.uuid4().hex
     result = run_appo_cli(["--env", "doom_duel", "--num_workers", "1", "--num_envs_per_worker", "2",
                            "--rollout", "16", "--batch_size", "128", "--hidden_size", "64",
-                           "--doom_match_minutes", "0.1", "--train_for_seconds", "25", "--report_every_sec", "5",
+                           "--doom_match_minutes", "0.1", "--train_for_env_steps", "8192", "--report_every_sec", "5",
                            "--train_dir", str(tmp_path), "--experiment", "duel"], tmp_path, tag)
     lines = (result.stdout + result.stderr).splitlines()
     assert result.returncode == 0, "\n".join(lines[-20:])
