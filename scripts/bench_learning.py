@@ -559,10 +559,12 @@ def run_one(args, config: dict) -> dict:
         shutil.rmtree(train_dir, ignore_errors=True)
     if outcome["status"] == "ok" and not curve:
         outcome["status"] = "failed (no score was reported)"
-    if axis_problem:
+    if axis_problem and outcome["status"] == "ok":  # a run that failed saved no config to check
         outcome["status"] = f"failed (frame axis: {axis_problem})"
     with open(log_path) as f:
         log_tail = f.read().splitlines()[-20:]
+    if outcome["status"] != "ok" and log_tail:
+        print(f"{trainer} {env_name} seed {seed}, the last line of its output: {log_tail[-1]}", flush=True)
     result = {"key": config_key(config), "config": config, "command": " ".join(command), "commit": git_commit(),
               **outcome, "load_before": load_before, "machine": machine(), "precision": precision,
               "versions": package_versions({"appo": sys.executable, "sf": args.sf_python, "sb3": args.sb3_python}[trainer]),

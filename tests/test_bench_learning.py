@@ -281,6 +281,18 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     assert not os.path.exists(os.path.join(tmp_path, "doom_basic", "appo_seed1.log"))
 
 
+def test_a_run_that_fails_to_start_is_saved_with_its_exit_code_and_its_error(tmp_path):
+    """It was saved as a frame axis problem (no config.json to read), which hid its error: MuJoCo not
+    installed, 2026-12-03."""
+    (tmp_path / "basic.cfg").write_text("doom_scenario_path = no_such.wad\n")  # the flags are right, the env is not
+    args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo", "--frames", "40000",
+                             "--results_dir", str(tmp_path / "results"),
+                             f"--appo_flags=--doom_scenarios_dir={tmp_path}"])
+    result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
+    assert result["status"] == "failed (exit code 1)" and result["curve"] == []
+    assert any("doom_basic failed to start" in line and "no_such.wad" in line for line in result["log_tail"])
+
+
 def test_a_named_sample_factory_configuration_is_part_of_the_saved_configuration():
     """--sf_config doom_batch_512 gives Sample Factory the batch the Doom family took from appo.py's
     own measurement; the published configuration keeps the key of the results saved before."""
