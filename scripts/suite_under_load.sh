@@ -7,7 +7,10 @@
 #   nohup setsid scripts/suite_under_load.sh > /tmp/suite_under_load.out 2>&1 &
 #   PASSES=1 PYTEST_ARGS="" scripts/suite_under_load.sh      # one test at a time instead
 # Writes docs/bench/suite/<commit>_<date>_beside_doom_basic_pass<N>.txt: the command, commit,
-# machine and times in its first lines, then pytest's output with each slow test's time.
+# machine and times in its first lines, then pytest's output with each slow test's time. The logs
+# are written in a folder in /tmp (printed at the start) and moved there when the script ends: a log
+# in docs/bench/suite/ while passes still run would fail the test that each log there has its row in
+# docs/testing.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +18,8 @@ PASSES="${PASSES:-2}"
 PYTEST_ARGS="${PYTEST_ARGS--n 2 --dist worksteal}"  # the README's command: two tests at a time
 OUT_DIR="${OUT_DIR:-docs/bench/suite}"
 TRAIN_DIR="$(mktemp -d /tmp/suite_under_load_train.XXXXXX)"
+LOG_DIR="$(mktemp -d /tmp/suite_under_load_logs.XXXXXX)"
+echo "logs in $LOG_DIR until the script ends"
 commit=$(git rev-parse --short HEAD)
 dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with uncommitted changes)" || true)
 stamp=$(date -u +%Y-%m-%d)
@@ -31,6 +36,7 @@ stop_training() {
   for _ in $(seq 60); do kill -0 "$train_pid" 2>/dev/null || break; sleep 1; done
   kill -KILL -- "-$train_pid" 2>/dev/null
   rm -rf "$TRAIN_DIR"
+  mv "$LOG_DIR"/* "$OUT_DIR"/ 2>/dev/null && rmdir "$LOG_DIR"
 }
 trap stop_training EXIT
 trap 'exit 143' INT TERM  # through the EXIT trap
@@ -38,7 +44,7 @@ sleep 60  # past its start-up: the suite starts beside a run that trains
 
 status=0
 for pass in $(seq "$PASSES"); do
-  log="$OUT_DIR/${commit}_${stamp}_beside_doom_basic_pass$pass.txt"
+  log="$LOG_DIR/${commit}_${stamp}_beside_doom_basic_pass$pass.txt"
   command="python -m pytest -q -rs -p no:cacheprovider --durations=60 $PYTEST_ARGS"
   {
     echo "# $command, in a checkout of $commit$dirty, beside \`python appo.py --env doom_basic\` training on the same $(nproc) cores: pass $pass of $PASSES (scripts/suite_under_load.sh)"
@@ -49,7 +55,7 @@ for pass in $(seq "$PASSES"); do
   status=$?
   training=$(kill -0 "$train_pid" 2>/dev/null && echo "still training" || echo "NOT training any more")
   echo "# $(date -u '+%Y-%m-%d %H:%M UTC') end: exit status $status after $(( $(date +%s) - start )) s; the run beside it $training" >> "$log"
-  echo "pass $pass: exit status $status ($log)"
+  echo "pass $pass: exit status $status ($OUT_DIR/$(basename "$log") when the script ends)"
   [ "$status" = 0 ] || break
 done
 exit "$status"
