@@ -31,14 +31,14 @@ mkdir -p "$OUT_DIR"
 # The load: a training run of its own session, so that stopping it stops all of its processes.
 setsid python appo.py --env doom_basic --train_dir "$TRAIN_DIR" > "$TRAIN_DIR/stdout.log" 2>&1 &
 train_pid=$!
-stop_training() {
+stop_training_and_keep_logs() {
   kill -INT -- "-$train_pid" 2>/dev/null
   for _ in $(seq 60); do kill -0 "$train_pid" 2>/dev/null || break; sleep 1; done
   kill -KILL -- "-$train_pid" 2>/dev/null
   rm -rf "$TRAIN_DIR"
-  mv "$LOG_DIR"/* "$OUT_DIR"/ 2>/dev/null && rmdir "$LOG_DIR"
+  mv "$LOG_DIR"/* "$OUT_DIR"/ 2>/dev/null; rmdir "$LOG_DIR"  # empty now, or empty from the start
 }
-trap stop_training EXIT
+trap stop_training_and_keep_logs EXIT
 trap 'exit 143' INT TERM  # through the EXIT trap
 sleep 60  # past its start-up: the suite starts beside a run that trains
 
