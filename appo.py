@@ -1056,8 +1056,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "than cores left free by the workers waste time waiting for each other "
                                       "(docs/measurements.md)"))
     positive(system.add_argument("--policy_worker_threads", type=int, default=1,
-                                 help="torch threads of each policy worker; its batches are small, so more threads "
-                                      "mostly wait for each other (docs/measurements.md)"))
+                                 help="torch threads of each policy worker, and of --mode eval, which acts as one; "
+                                      "its batches are small, so more threads mostly wait for each other "
+                                      "(docs/measurements.md)"))
     positive(system.add_argument("--env_step_timeout", type=float, default=60.0,
                                  help="seconds a rollout or policy worker may go without progress (a hung env) "
                                       "before it is killed and restarted"))
@@ -4365,6 +4366,9 @@ def even_sized(image: np.ndarray) -> np.ndarray:
 
 def evaluate(cfg) -> int:
     """Plays --max_num_episodes games with one policy and prints each agent's true score."""
+    # a batch of one game's agents, small as a policy worker's: more threads would mostly wait for each
+    # other, and on cores shared with a training, for whichever of them is descheduled
+    torch.set_num_threads(cfg.policy_worker_threads)
     checkpoint = load_policy_for_eval(cfg)
     if cfg.seed is not None:  # with --eval_deterministic, the same seed plays the same games
         torch.manual_seed(cfg.seed)

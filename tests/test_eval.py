@@ -8,6 +8,7 @@ import uuid
 
 import numpy as np
 import pytest
+import torch
 
 import appo
 from conftest import RUN_TIMEOUT_S, outside_a_run, processes_still_tagged
@@ -127,6 +128,22 @@ def test_eval_names_each_flag_of_its_command_line_that_the_checkpoint_replaces(t
     assert cfg.hidden_size == 64 and cfg.doom_resize == "nearest"
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == ["note: --hidden_size 128 from the command line replaced by the checkpoint's 64"]
+
+
+def test_eval_plays_on_the_policy_workers_torch_threads(tmp_path, monkeypatch):
+    """Eval's batch is one game's agents, small as a policy worker's, so it computes on
+    --policy_worker_threads (1 unless given) rather than torch's thread a core."""
+    save_untrained_policy(tmp_path, "gym:CartPole-v1")
+    threads_while_playing = []
+    play_games = appo.play_games
+    monkeypatch.setattr(appo, "play_games",
+                        lambda *args: threads_while_playing.append(torch.get_num_threads()) or play_games(*args))
+    try:
+        assert appo.main(["--mode", "eval", "--env", "gym:CartPole-v1", "--train_dir", str(tmp_path),
+                          "--experiment", "played", "--max_num_episodes", "1", "--policy_worker_threads", "2"]) == 0
+    finally:
+        torch.set_num_threads(1)  # this process's, as tests/conftest.py set it
+    assert threads_while_playing == [2]
 
 
 def test_eval_errors_name_the_fix(tmp_path, capsys):
