@@ -1361,7 +1361,7 @@ def test_policy_lag_stays_bounded_when_the_learner_is_the_bottleneck(tmp_path):
     start-up on a loaded machine leaves enough reports."""
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
                "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "128", "--num_epochs", "8",
-               "--hidden_size", "128", "--train_for_env_steps", "16000", "--report_every_sec", "2",
+               "--hidden_size", "128", "--train_for_env_steps", "8000", "--report_every_sec", "1",
                "--train_dir", str(tmp_path), "--seed", "1"]
     tag = uuid.uuid4().hex
     run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
@@ -1388,7 +1388,7 @@ def test_synchronous_collection_trains_every_batch_on_the_weights_that_acted_it(
     asynchronous, this run trains 1-2 versions behind)."""
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "2",
                "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "256", "--num_epochs", "4",
-               "--hidden_size", "64", "--no-async_rl", "--train_for_env_steps", "24000", "--report_every_sec", "2",
+               "--hidden_size", "64", "--no-async_rl", "--train_for_env_steps", "12000", "--report_every_sec", "2",
                "--train_dir", str(tmp_path), "--seed", "1"]
     tag = uuid.uuid4().hex
     run = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path,
@@ -1399,7 +1399,7 @@ def test_synchronous_collection_trains_every_batch_on_the_weights_that_acted_it(
     assert len(lags) >= 3, run.stdout[-3000:]
     assert all(lag == (0, 0, 0) for lag in lags), lags
     trained = [int(value.replace(",", "")) for value in re.findall(r"trained ([\d,]+)", run.stdout)]
-    assert trained and trained[-1] >= 24000
+    assert trained and trained[-1] >= 12000
 
 
 
@@ -1456,7 +1456,7 @@ def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_p
     monkeypatch.setenv("APPO_TEST_TAG", tag)  # the run's processes inherit it
     cfg = appo.parse_args(["--env", "doom_basic", "--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "16",
                            "--batch_size", "64", "--hidden_size", "64", "--policy_workers_per_policy", "2",
-                           "--num_epochs", "2", "--num_batches_per_epoch", "2", "--train_for_env_steps", "20000",
+                           "--num_epochs", "2", "--num_batches_per_epoch", "2", "--train_for_env_steps", "10000",
                            "--report_every_sec", "2", "--train_dir", str(tmp_path), "--experiment", "e2e", "--seed", "1"])
     first_beat, cpu_from, cpu_to = {}, {}, {}
 
@@ -1477,10 +1477,10 @@ def test_two_policy_workers_and_several_sgd_steps_a_batch_train_end_to_end(tmp_p
     assert "with 5 processes" in capsys.readouterr().out.splitlines()[0]  # a learner, 2 policy workers, 2 rollout workers
     assert len(first_beat) == 2
     serving_s = {index: cpu_to.get(index, 0.0) - cpu_from.get(index, 0.0) for index in first_beat}
-    # both answered requests: 7-10 s of CPU each on 2 CPU cores, against 0.00 s for one kept idle
+    # both answered requests: seconds of CPU each, against 0.00 s for one kept idle
     assert all(seconds > 0.5 for seconds in serving_s.values()), serving_s
-    assert result.frames_trained[0] >= 20000
-    assert checkpoint_versions(tmp_path)[-1] * 64 * 2 * 4 >= 20000  # one policy version per iteration (2 x 64)
+    assert result.frames_trained[0] >= 10000
+    assert checkpoint_versions(tmp_path)[-1] * 64 * 2 * 4 >= 10000  # one policy version per iteration (2 x 64)
     assert processes_still_tagged(tag) == []
 
 
