@@ -1,5 +1,6 @@
 """Population-based training: the ranking, mutation and replacement rules on synthetic populations,
-the learner taking over weights and hyperparameters, and a real run with three policies."""
+the learner taking over weights and hyperparameters, and a real run with three policies (in one
+process: --serial_mode)."""
 import glob
 import json
 import os
@@ -127,14 +128,16 @@ def test_learner_takes_over_the_weights_and_hyperparameters_it_is_given(tmp_path
 
 
 def run_population(tmp_path, tag, frames):
-    """A population of 3 until each policy trained `frames` (frames, not seconds: on a loaded machine
-    a run of fixed seconds may not finish starting its 8 processes)."""
+    """A population of 3 until each policy trained `frames` (frames, not seconds: a loaded machine
+    slows a run down without making it train less). In --serial_mode, the same learners, workers and
+    population code in one process: what is tested is the population, and a run's processes are
+    tested elsewhere; eight of them started twice made this one of the suite's slowest tests."""
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_policies", "3",
                "--with_pbt", "--pbt_period_env_steps", "1500", "--pbt_replace_reward_gap", "0",
                "--pbt_mutation_rate", "1", "--remap_policies_every", "1", "--num_workers", "2",
                "--num_envs_per_worker", "2", "--rollout", "16", "--batch_size", "64", "--hidden_size", "64",
                "--learner_threads", "1", "--train_for_env_steps", str(frames), "--report_every_sec", "2",
-               "--train_dir", str(tmp_path), "--experiment", "pbt", "--seed", "3"]
+               "--train_dir", str(tmp_path), "--experiment", "pbt", "--seed", "3", "--serial_mode"]
     environment = dict(os.environ, APPO_TEST_TAG=tag)
     return subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=environment, cwd=tmp_path)
 

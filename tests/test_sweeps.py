@@ -1,4 +1,6 @@
-"""scripts/tools/sweep_doom_basic_lr.sh: real short runs in parallel, each its own experiment, then plot.py."""
+"""scripts/tools/sweep_doom_basic_lr.sh: real short runs in parallel, each its own experiment, then plot.py.
+The runs are --serial_mode (one process each): what is tested is the sweep, and a run's processes are
+tested elsewhere; four start-ups of five processes made this the suite's slowest test beside a training."""
 import os
 import subprocess
 import sys
@@ -18,7 +20,7 @@ def test_the_seed_and_learning_rate_sweep_runs_every_pair_and_plots(tmp_path):
            "SEEDS": "1 2", "LRS": "1e-4 3e-4", "MAX_PARALLEL": "2", "STEPS": "2000"}
     result = subprocess.run(["bash", os.path.join(REPO, "scripts", "tools", "sweep_doom_basic_lr.sh"), "--num_workers", "1",
                              "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--batch_size", "64",
-                             "--rollout", "16", "--report_every_sec", "1"],
+                             "--rollout", "16", "--report_every_sec", "1", "--serial_mode"],
                             capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     names = [f"doom_basic_lr{lr}_seed{seed}" for lr in ("1e-4", "3e-4") for seed in (1, 2)]

@@ -25,7 +25,8 @@ def test_offline_wandb_run_gets_the_config_and_the_summaries_against_env_frames(
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "doom_basic", "--num_workers", "1",
                "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--batch_size", "64", "--rollout", "16",
                "--train_dir", str(tmp_path), "--experiment", "logged", "--train_for_env_steps", "4000",
-               "--report_every_sec", "2", "--with_wandb", "--wandb_group", "tests", "--wandb_tags", "a", "b"]
+               "--report_every_sec", "2", "--with_wandb", "--wandb_group", "tests", "--wandb_tags", "a", "b",
+               "--serial_mode"]  # the runner logs to W&B; one process is enough to feed it
     home = tmp_path / "home"  # where W&B's service would otherwise keep its logs (~/.cache/wandb)
     environment = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "APPO_TEST_TAG": tag,
                    "HOME": str(home)}
