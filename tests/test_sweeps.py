@@ -1,6 +1,7 @@
 """scripts/tools/sweep_doom_basic_lr.sh: real short runs in parallel, each its own experiment, then plot.py.
 The runs are --serial_mode (one process each): what is tested is the sweep, and a run's processes are
-tested elsewhere; four start-ups of five processes made this the suite's slowest test beside a training."""
+tested elsewhere; four runs starting three processes each made this one of the suite's slowest tests
+beside a training."""
 import os
 import subprocess
 import sys
