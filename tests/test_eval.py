@@ -136,8 +136,12 @@ def test_eval_plays_on_the_policy_workers_torch_threads(tmp_path, monkeypatch):
     save_untrained_policy(tmp_path, "gym:CartPole-v1")
     threads_while_playing = []
     play_games = appo.play_games
-    monkeypatch.setattr(appo, "play_games",
-                        lambda *args: threads_while_playing.append(torch.get_num_threads()) or play_games(*args))
+
+    def counting_play_games(*args):
+        threads_while_playing.append(torch.get_num_threads())
+        return play_games(*args)
+
+    monkeypatch.setattr(appo, "play_games", counting_play_games)
     try:
         assert appo.main(["--mode", "eval", "--env", "gym:CartPole-v1", "--train_dir", str(tmp_path),
                           "--experiment", "played", "--max_num_episodes", "1", "--policy_worker_threads", "2"]) == 0
