@@ -34,7 +34,7 @@ setup(
         "doom": ["vizdoom>=1.2.3"],
         "atari": ["ale-py>=0.9"],
         "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "matplotlib",
-                 "wandb", "imageio>=2.9", "imageio-ffmpeg>=0.4", "pettingzoo>=1.24"],
+                 "wandb", "imageio>=2.9", "imageio-ffmpeg>=0.4", "pettingzoo>=1.24", "gymnasium[mujoco]"],
         "pettingzoo": ["pettingzoo>=1.24"],  # --env pz:<module>:<factory>
         "mujoco": ["gymnasium[mujoco]"],
         "box2d": ["gymnasium[box2d]"],
