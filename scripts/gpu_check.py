@@ -7,9 +7,10 @@ fast does it train next to pure simulation and Sample Factory, and where does a 
     python3 scripts/gpu_check.py run --out OUT       # there: the check, results in OUT/
     python scripts/gpu_check.py run --device cpu --out /tmp/gpu_check   # a dry run with no GPU
 
-`run` does these steps in this order (by value: a lent GPU call has one try), each timed, each
-recorded as passed, failed or skipped (with the reason) in OUT/summary.md and OUT/summary.json,
-rewritten after every step, every command's output in OUT/steps.log:
+`run` does these steps in this order (by value: a check stopped at its deadline has done the most
+useful ones), each timed, each recorded as passed, failed or skipped (with the reason) in
+OUT/summary.md and OUT/summary.json, rewritten after every step, every command's output in
+OUT/steps.log:
 
   packages       unpacks --pack (if it exists) and installs its wheels (or those of --wheels) into a
                  folder of its own on PYTHONPATH: the GPU machine has torch but no VizDoom and reaches
@@ -29,20 +30,23 @@ rewritten after every step, every command's output in OUT/steps.log:
                  length is where the pure_episodes leg cuts episodes (unless --pure_episode_frames)
   doom_1pw       scripts/bench_throughput.py on doom_basic at every core with one policy worker per
                  policy: pure simulation (random actions), ours, Sample Factory (same flags, SGD work,
-                 policy workers, on the GPU); --extra_legs adds pure_episodes (episodes cut at the
-                 eval's length) and gpu_time (the forward pass at ours' mean batch and the learner's
-                 step, timed apart)
-  doom_2pw       ours and Sample Factory with two policy workers per policy
+                 policy workers, on the GPU); --extra_legs adds ours_fp32 (ours at Sample Factory's
+                 float32: like for like), pure_episodes (episodes cut at the eval's length) and
+                 gpu_time (the forward pass at ours' mean batch and the learner's step, timed apart)
+  doom_2pw       ours and Sample Factory with two policy workers per policy; --extra_legs adds
+                 ours_fp32 here too
   micro_policy   scripts/bench_policy_worker.py --device, where this tree has it
   micro_learner  scripts/bench_learner.py: ms per learner train_step, wall clock and GPU, and host
                  syncs per step, on doom_basic's model at batch 512
   atari          atari_breakout at its synchronous defaults: pure simulation, ours, Sample Factory
 
-The exit code is 0 when no step failed. A call on the GPU machine is limited to 10 minutes, so a
-step starts only if it is expected to end before --deadline_s (EXPECTED_S: the H200's step times,
-and estimates where a step has not run there; `plan` prints them under the flags given); a command
-still running a minute past it gets SIGTERM, then SIGKILL with every process it started. A bench
-step stopped part-way keeps the figures of the legs that finished. --steps reruns only some steps.
+The exit code is 0 when no step failed. A step starts only if it is expected to end before
+--deadline_s (EXPECTED_S: the H200's step times, and estimates where a step has not run there;
+`plan` prints them under the flags given); a command still running a minute past it gets SIGTERM,
+then SIGKILL with every process it started. The default, 480 s, brings the summary back from a
+machine that stops a command after 10 minutes; with no such limit, a larger one runs every step. A
+bench step stopped part-way keeps the figures of the legs that finished. --steps reruns only some
+steps.
 """
 import argparse
 import glob
@@ -87,9 +91,12 @@ ALWAYS = ["packages", "machine", "build", "sample_factory"]
 # where a step's time goes, and atari last
 STEPS = ["cuda_tests", "train", "sigkill", "eval", "doom_1pw", "doom_2pw", "micro_policy", "micro_learner", "atari"]
 BENCH_STEPS = {"doom_1pw": ("doom_basic", 1), "doom_2pw": ("doom_basic", 2), "atari": ("atari_breakout", 1)}
-EXTRA_LEGS = ["pure_episodes", "ours_fp32", "gpu_time"]  # doom_1pw's, with --extra_legs (ours_fp32: like for like)
+# --extra_legs: leg -> the bench steps it joins. ours_fp32 (appo.py at Sample Factory's float32: like
+# for like) joins both Doom steps, as the throughput targets are judged with one and two policy workers;
+# pure_episodes and gpu_time do not depend on the policy workers' count, so they are measured once
+EXTRA_LEGS = {"pure_episodes": ("doom_1pw",), "ours_fp32": ("doom_1pw", "doom_2pw"), "gpu_time": ("doom_1pw",)}
 LEG_ORDER = ["pure", "pure_episodes", "ours", "ours_fp32", "sf", "gpu_time"]  # bench_throughput's (gpu_time times ours' batch)
-# Seconds a step takes on the lent H200 (16 cores): its runs' step times (docs/bench/gpu_check/h200_*)
+# Seconds a step takes on the H200 of docs/gpu.md (16 cores): its runs' step times (docs/bench/gpu_check/h200_*)
 # where it ran, else estimates. A step starts only if it is expected to end before --deadline_s.
 EXPECTED_S = {
     "packages": 12,  # 1-2 s for our wheels; Sample Factory's are about as many again, and the pack is unpacked
@@ -152,9 +159,11 @@ def parse_args(argv=None):
                          help="a Sample Factory leg that has printed no training FPS line this many seconds after "
                               "its launch is stopped and recorded as failed")
     options.add_argument("--extra_legs", default="",
-                         help=f"comma-separated legs doom_1pw adds to pure, ours and sf, from {','.join(EXTRA_LEGS)}")
+                         help="comma-separated legs the bench steps add to pure, ours and sf: " +
+                              "; ".join(f"{leg} to {' and '.join(steps)}" for leg, steps in EXTRA_LEGS.items()))
     options.add_argument("--skip_legs", default="",
-                         help="comma-separated legs no bench step runs (a rerun that has their figures already)")
+                         help="comma-separated legs no bench step runs, or STEP:LEG for one step's only (doom_1pw:sf): "
+                              "a rerun that has their figures already")
     options.add_argument("--pure_episode_frames", type=int, default=None,
                          help="episode length of the pure_episodes leg, in env frames; default: the eval step's "
                               "mean length (the leg is left out when neither gives one)")
@@ -180,7 +189,18 @@ def parse_args(argv=None):
         unknown = [leg for leg in args.extra_legs if leg not in EXTRA_LEGS]
         if unknown:
             parser.error(f"--extra_legs: unknown leg(s) {unknown}; choose from {','.join(EXTRA_LEGS)}")
+        # a misspelt leg would skip nothing, and the call would spend its time on the leg meant to go
+        unknown = [name for name in args.skip_legs if not known_leg_to_skip(name)]
+        if unknown:
+            parser.error(f"--skip_legs: unknown leg(s) {unknown}; choose from {','.join(LEG_ORDER)}, each alone or "
+                         f"after one of {','.join(BENCH_STEPS)} and a colon")
     return args
+
+
+def known_leg_to_skip(name: str) -> bool:
+    """LEG, or STEP:LEG for a bench step's own."""
+    *step, leg = name.split(":")
+    return leg in LEG_ORDER and (step == [] or (len(step) == 1 and step[0] in BENCH_STEPS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -806,8 +826,10 @@ def step_micro_learner(check: Check):
 def planned_legs(args, step: str) -> list[str]:
     """The legs of a bench step when all they need is there. Pure simulation depends on no trainer
     setting: measured once an env, with one policy worker per policy."""
-    legs = ["pure"] * (BENCH_STEPS[step][1] == 1) + ["ours", "sf"] + (args.extra_legs if step == "doom_1pw" else [])
-    return [leg for leg in LEG_ORDER if leg in legs and leg not in args.skip_legs]
+    legs = ["pure"] * (BENCH_STEPS[step][1] == 1) + ["ours", "sf"] + \
+        [leg for leg in args.extra_legs if step in EXTRA_LEGS[leg]]
+    return [leg for leg in LEG_ORDER if leg in legs and leg not in args.skip_legs
+            and f"{step}:{leg}" not in args.skip_legs]
 
 
 def bench_legs(check: Check, step: str) -> tuple[list[str], dict[str, str]]:
@@ -873,7 +895,9 @@ def bench_details(figures: dict) -> dict:
             "ours_status_line": ours.get("status_line"),
             "sf_windows": sf.get("window_fps"), "sf_log_tail": sf.get("log_tail"),
             "pure_episode_frames": first("pure_episodes").get("episode_frames"), "gpu_time": first("gpu_time") or None,
-            "ours_fp32_fps": figures.get("ours_fp32_fps"), "precision": figures.get("precision"),
+            "ours_fp32_fps": figures.get("ours_fp32_fps"), "ours_fp32_over_sf": figures.get("ours_fp32_over_sf"),
+            "ours_fp32_windows": first("ours_fp32").get("window_fps"),
+            "ours_fp32_busy_percent": first("ours_fp32").get("busy_percent"), "precision": figures.get("precision"),
             "shm_left": {leg: leg_runs[0]["shm_left"] for leg, leg_runs in runs.items()
                          if leg_runs and leg_runs[0].get("shm_left")}}
 
@@ -895,7 +919,8 @@ def step_bench(check: Check, step: str):
         return "failed", {"reason": reason, **details, **(bench_details(figures) if figures else {})}
     details.update(bench_details(figures))
     missing = [leg for leg, key in (("pure", "pure_sim_fps"), ("pure_episodes", "pure_episodes_fps"),
-                                    ("ours", "ours_fps"), ("sf", "sf_fps")) if leg in legs and not figures.get(key)]
+                                    ("ours", "ours_fps"), ("ours_fp32", "ours_fp32_fps"), ("sf", "sf_fps"))
+               if leg in legs and not figures.get(key)]
     if missing:
         return "failed", {"reason": f"no figure from {', '.join(leg_and_error(figures, leg) for leg in missing)}",
                           **details}

@@ -111,6 +111,10 @@ def test_the_bench_steps_legs_and_their_command_lines(tmp_path):
     check.args.extra_legs = ["gpu_time", "pure_episodes"]  # doom_1pw's only, in the bench's order
     assert gpu_check.bench_legs(check, "doom_1pw") == (["pure", "pure_episodes", "ours", "sf", "gpu_time"], {})
     assert gpu_check.bench_legs(check, "doom_2pw") == (["ours", "sf"], {})
+    check.args.extra_legs = ["ours_fp32"]  # like for like: with one policy worker and with two, not on atari
+    assert gpu_check.bench_legs(check, "doom_1pw") == (["pure", "ours", "ours_fp32", "sf"], {})
+    assert gpu_check.bench_legs(check, "doom_2pw") == (["ours", "ours_fp32", "sf"], {})
+    assert gpu_check.bench_legs(check, "atari") == (["pure", "ours", "sf"], {})
     command = gpu_check.bench_command(check, "doom_basic", ["pure", "pure_episodes", "ours", "sf"], 2, "/w/p.json")
     flags = {flag: command[i + 1] for i, flag in enumerate(command[:-1]) if flag.startswith("--")}
     assert flags["--policy_workers_per_policy"] == "2" and flags["--pure_episode_frames"] == "24"
@@ -128,6 +132,28 @@ def test_the_bench_steps_legs_and_their_command_lines(tmp_path):
     check.args.extra_legs, check.args.skip_legs = ["ours_fp32"], ["pure"]  # a rerun with pure's figure already
     assert gpu_check.bench_legs(check, "doom_1pw") == (["ours", "ours_fp32", "sf"], {})
     assert gpu_check.bench_legs(check, "atari") == (["ours", "sf"], {})
+    check.args.skip_legs = ["pure", "doom_1pw:sf"]  # one step's leg: the others keep theirs
+    assert gpu_check.bench_legs(check, "doom_1pw") == (["ours", "ours_fp32"], {})
+    assert gpu_check.bench_legs(check, "doom_2pw") == (["ours", "ours_fp32", "sf"], {})
+    assert gpu_check.bench_legs(check, "atari") == (["ours", "sf"], {})
+
+
+@pytest.mark.parametrize("skip_legs", ["sff", "doom_3pw:sf", "doom_1pw:", ":sf", "doom_1pw:sf:ours"])
+def test_a_misspelt_leg_to_skip_is_refused_rather_than_skipping_nothing(skip_legs):
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["plan", "--skip_legs", skip_legs])
+    assert gpu_check.parse_args(["plan", "--skip_legs", "pure,doom_2pw:ours"]).skip_legs == ["pure", "doom_2pw:ours"]
+
+
+def test_a_bench_steps_details_carry_the_like_for_like_figures():
+    figures = {"num_envs": 112, "ours_fp32_fps": 33_000.0, "sf_fps": 30_000.0, "ours_fp32_over_sf": 1.1,
+               "precision": {"ours_fp32": "float32 encoder", "sf": "float32"},
+               "runs": {"ours_fp32": [{"fps": 33_000.0, "window_fps": [32_900.0, 33_100.0],
+                                       "busy_percent": {"env": 70.0, "inference": 80.0, "learner": 50.0}}],
+                        "sf": [{"fps": 30_000.0, "window_fps": [30_000.0]}]}}
+    details = gpu_check.bench_details(figures)
+    assert details["ours_fp32_over_sf"] == 1.1 and details["ours_fp32_windows"] == [32_900.0, 33_100.0]
+    assert details["ours_fp32_busy_percent"]["inference"] == 80.0 and details["precision"]["sf"] == "float32"
 
 
 def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
