@@ -145,6 +145,23 @@ def test_a_misspelt_leg_to_skip_is_refused_rather_than_skipping_nothing(skip_leg
     assert gpu_check.parse_args(["plan", "--skip_legs", "pure,doom_2pw:ours"]).skip_legs == ["pure", "doom_2pw:ours"]
 
 
+def test_the_prepared_check_runs_what_has_not_passed_with_the_like_for_like_legs_and_fits_the_deadline():
+    """PREPARED_FLAGS: the GPU path's steps, then both Doom steps with ours_fp32 beside ours (and
+    Sample Factory beside both with two policy workers), each started in the plan and ending before 480 s."""
+    args = gpu_check.parse_args(["plan", *gpu_check.PREPARED_FLAGS])
+    assert args.deadline_s == 480
+    rows = {line.split()[0]: line.split() for line in gpu_check.plan(args).splitlines()[1:]}
+    started = [step for step in gpu_check.STEPS if rows[step][1] != "-"]
+    assert started == ["cuda_tests", "train", "sigkill", "eval", "doom_1pw", "doom_2pw"] == args.steps
+    assert rows["doom_1pw"][-1] == "ours,ours_fp32" and rows["doom_2pw"][-1] == "ours,ours_fp32,sf"
+    assert all(float(rows[step][2]) < 480 for step in gpu_check.ALWAYS + started)
+    assert float(rows["doom_2pw"][2]) == 455  # (docs/gpu.md prints this plan)
+    with open(os.path.join(REPO, "docs", "gpu.md")) as f:
+        doc = f.read()
+    assert "python3 scripts/gpu_check.py run --out OUT " + " ".join(gpu_check.PREPARED_FLAGS) in doc
+    assert gpu_check.plan(args) in doc  # the plan the page prints is the script's
+
+
 def test_a_bench_steps_details_carry_the_like_for_like_figures():
     figures = {"num_envs": 112, "ours_fp32_fps": 33_000.0, "sf_fps": 30_000.0, "ours_fp32_over_sf": 1.1,
                "precision": {"ours_fp32": "float32 encoder", "sf": "float32"},
