@@ -181,6 +181,7 @@ class Categoricals:
     def __init__(self, head_sizes: list[int]):
         self.head_sizes = head_sizes
         self.num_outputs = sum(head_sizes)
+        self.num_params = self.num_outputs  # the width of "logits", what the model hands the methods below
         self.action_shape = (len(head_sizes),)
 
     def log_softmax(self, logits: torch.Tensor) -> list[torch.Tensor]:
@@ -230,6 +231,7 @@ class DiagonalGaussian:
         self.dim = dim
         self.num_outputs = dim  # the means; ActorCritic holds the log-stds
         self.num_log_stds = dim
+        self.num_params = 2 * dim  # the width of "logits": means, then log-stds
         self.action_shape = (dim,)
 
     def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -264,6 +266,7 @@ class MixedHeads:
         self.discrete, self.continuous = discrete, continuous
         self.num_outputs = discrete.num_outputs + continuous.num_outputs
         self.num_log_stds = continuous.num_log_stds
+        self.num_params = discrete.num_params + continuous.num_params  # the width of "logits"
         self.action_shape = (len(discrete.head_sizes) + continuous.dim,)
 
     def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -567,32 +570,17 @@ class ActorCritic(nn.Module):
         """The value head's output in return units (it predicts normalised returns if asked to)."""
         return self.returns_normalizer.denormalize(values) if self.normalize_returns else values
 
-    def core_inputs(self, features: torch.Tensor) -> torch.Tensor:
-        """The input half of the RNN's gates, W_ih x + b_ih. It does not depend on the state, so
-        the learner computes it for a whole rollout in one matrix multiply instead of one small
-        one per step."""
+    def core_step(self, features: torch.Tensor, rnn_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of the recurrent core: (output, next state). It calls the cell the model holds,
+        so a cell of your own (a module called as torch's are: GRU-like `cell(x, h) -> h`, or
+        LSTM-like `cell(x, (h, c)) -> (h, c)` under --rnn_type lstm) is what acts and what trains."""
         if self.rnn_type == "none":
-            return features
-        return F.linear(features, self.core.weight_ih, self.core.bias_ih)
-
-    def core_step(self, core_input: torch.Tensor, rnn_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One RNN step from core_inputs(features): (output, next state). The cells are nn.GRUCell's
-        and nn.LSTMCell's equations on their own weights (tests check they agree)."""
-        if self.rnn_type == "gru":
-            input_r, input_z, input_n = core_input.chunk(3, dim=1)
-            hidden_r, hidden_z, hidden_n = F.linear(rnn_state, self.core.weight_hh, self.core.bias_hh).chunk(3, dim=1)
-            reset, update = torch.sigmoid(input_r + hidden_r), torch.sigmoid(input_z + hidden_z)
-            candidate = torch.tanh(input_n + reset * hidden_n)
-            hidden = candidate + update * (rnn_state - candidate)
-            return hidden, hidden
-        if self.rnn_type == "lstm":
-            hidden, cell = rnn_state.chunk(2, dim=1)
-            gates = core_input + F.linear(hidden, self.core.weight_hh, self.core.bias_hh)
-            input_gate, forget_gate, cell_gate, output_gate = gates.chunk(4, dim=1)
-            cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(input_gate) * torch.tanh(cell_gate)
-            hidden = torch.sigmoid(output_gate) * torch.tanh(cell)
+            return features, rnn_state
+        if self.rnn_type == "lstm":  # the slots carry [hidden, cell] side by side
+            hidden, cell = self.core(features, tuple(rnn_state.chunk(2, dim=1)))
             return hidden, torch.cat([hidden, cell], dim=1)
-        return core_input, rnn_state
+        hidden = self.core(features, rnn_state)
+        return hidden, hidden
 
     def action_logits(self, core_out: torch.Tensor) -> torch.Tensor:
         """The action distribution's parameters (see Categoricals, DiagonalGaussian, MixedHeads)."""
@@ -613,7 +601,7 @@ class ActorCritic(nn.Module):
 
     def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
         """One step for a batch: (action logits, value, next RNN state)."""
-        core_out, next_state = self.core_step(self.core_inputs(self.encode(obs)), rnn_state)
+        core_out, next_state = self.core_step(self.encode(obs), rnn_state)
         return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1), next_state
 
     def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor, dones: torch.Tensor):
@@ -626,15 +614,15 @@ class ActorCritic(nn.Module):
                           dones: torch.Tensor) -> torch.Tensor:
         """The core over a rollout: trajectory-major features [B * T, hidden] -> outputs [T, B, hidden].
         The RNN state is reset after every step whose episode ended (done), exactly as the rollout
-        worker does when it acts, so training sees the same states as acting did. (On a GPU the
-        learner runs the same numbers in one cuDNN call: SegmentRNN.)"""
+        worker does when it acts, so training sees the same states as acting did. (For torch's own
+        cells the learner runs the same numbers in one nn.GRU/nn.LSTM call: SegmentRNN.)"""
         steps, batch = dones.shape
-        core_inputs = self.core_inputs(features).view(batch, steps, -1).transpose(0, 1)
+        features = features.view(batch, steps, -1).transpose(0, 1)
         rnn_state, core_outs = first_rnn_state, []
         for t in range(steps):
             if t > 0:
                 rnn_state = rnn_state * (1.0 - dones[t - 1]).unsqueeze(1)
-            core_out, rnn_state = self.core_step(core_inputs[t], rnn_state)
+            core_out, rnn_state = self.core_step(features[t], rnn_state)
             core_outs.append(core_out)
         return torch.stack(core_outs)
 
@@ -660,8 +648,10 @@ def acting_fields(action_dist: ActionDistribution) -> dict[str, tuple[tuple[int,
     """act()'s outputs as per-step fields of the slots, name -> (shape, dtype) of a step. The policy
     workers write each, and the learner's batch holds it as batch[name], [T+1, B, ...], beside the
     observations, "rnn_state" (before the step), "reward", "done", "policy_version" and "valid"
-    (rollout_buffer_specs). To carry one more quantity of the acting policy to the loss (say its
-    logits, for an exact KL), add it here and to act()'s dict: nothing else changes."""
+    (rollout_buffer_specs), and steps_of(batch)[name], [T, B, ...], the steps that train. To carry
+    one more quantity of the acting policy to the loss (say its logits, for an exact KL: shape
+    (action_dist.num_params,), float32), add it here and to act()'s dict; the runner checks that
+    the two agree before it starts anything."""
     return {"actions": (action_dist.action_shape, action_dist.action_dtype),
             "log_prob": ((), np.dtype(np.float32)),  # behaviour policy's log pi(action)
             "value": ((), np.dtype(np.float32))}  # behaviour policy's value estimate
@@ -741,14 +731,14 @@ def exploration_loss(logits, action_dist, mask, cfg) -> tuple[torch.Tensor, torc
     return masked_mean(action_dist.symmetric_kl_to_uniform(logits), mask).clamp(max=30.0), entropy
 
 
-# The T+1 shift, done once: a trajectory of a batch is T+1 steps long, and its last index holds
-# only what bootstraps it (the observation after step T-1 and the RNN state there); the fields of
-# the T steps that train are these, each [T, B, ...] once split off.
-STEP_FIELDS = ("actions", "log_prob", "value", "reward", "done", "policy_version", "valid")
-
-
 def steps_of(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {key: batch[key][:-1] for key in STEP_FIELDS}
+    """The T+1 shift, done once: a trajectory of a batch is T+1 steps long, and its last index holds
+    only what bootstraps it (the observation after step T-1 and the RNN state there). This is every
+    per-step field of the T steps that train, each [T, B, ...]: the batch's [T+1, B, ...] fields
+    less their last step (the observations too, as views), a field of your own from acting_fields
+    among them; not "rnn_state" (steps 0 and T only) nor GAE's "target" and "advantage" ([T, B])."""
+    horizon = batch["done"].shape[0]
+    return {key: value[:-1] for key, value in batch.items() if key != "rnn_state" and value.shape[0] == horizon}
 
 
 def loss_mask(steps: dict[str, torch.Tensor], policy_version: int, cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -758,61 +748,49 @@ def loss_mask(steps: dict[str, torch.Tensor], policy_version: int, cfg) -> tuple
     return ((lag <= cfg.max_policy_lag) & (steps["valid"] > 0)).float(), lag
 
 
-def normalized_targets(model: ActorCritic, targets: torch.Tensor, mask: torch.Tensor, update_statistics: bool):
-    """--normalize_returns: value targets in the value head's units; the first time a target is
-    seen it also updates the running return statistics (so each counts once)."""
-    if not model.normalize_returns:
-        return targets
-    if update_statistics:
-        model.returns_normalizer.update(targets.reshape(-1), rows=mask.reshape(-1))
-    return model.returns_normalizer(targets)
+def in_value_units(model: ActorCritic, returns: torch.Tensor) -> torch.Tensor:
+    """Value targets in return units -> the value head's units (normalised with --normalize_returns)."""
+    return model.returns_normalizer(returns) if model.normalize_returns else returns
 
 
 def gae_targets(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg
                 ) -> dict[str, torch.Tensor]:
-    """--no-with_vtrace: value targets and advantages for a whole batch, [T, B] each, computed once
-    before its SGD steps, as Sample Factory's learner does (_prepare_batch): every epoch and
-    minibatch trains on the same targets.
+    """--no-with_vtrace: value targets and advantages for a whole batch, [T, B] each in return
+    units, computed once before its SGD steps, as Sample Factory's learner does (_prepare_batch):
+    every epoch and minibatch trains on the same targets.
 
     GAE runs over the values that acted. Step T holds only the bootstrap observation, which no
     policy worker evaluates (it becomes step 0 of the actor's next slot), so V(x_T) comes from the
-    weights about to train on the batch, with the RNN state that acting left there. Advantages
-    stay in return units (appo_loss normalises them per minibatch).
+    weights about to train on the batch, with the RNN state that acting left there.
     """
     steps = steps_of(batch)
     with torch.no_grad():
         _, bootstrap, _ = model({key: batch[key][-1] for key in model.encoders}, batch["rnn_state"][-1])
-        behaviour_returns = model.values_to_returns(steps["value"])
-        targets, advantages = gae(steps["reward"], behaviour_returns, cfg.gamma * (1.0 - steps["done"]),
-                                  model.values_to_returns(bootstrap), cfg.gae_lambda)
-        mask, _ = loss_mask(steps, policy_version, cfg)
-        targets = normalized_targets(model, targets, mask, update_statistics=True)
+        targets, advantages = gae(steps["reward"], model.values_to_returns(steps["value"]),
+                                  cfg.gamma * (1.0 - steps["done"]), model.values_to_returns(bootstrap), cfg.gae_lambda)
     return {"target": targets, "advantage": advantages}
 
 
 def vtrace_targets(model: ActorCritic, steps: dict[str, torch.Tensor], values: torch.Tensor,
-                   bootstrap_value: torch.Tensor, log_rhos: torch.Tensor, mask: torch.Tensor, cfg,
-                   update_statistics: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """--with_vtrace: (value targets, advantages), [T, B], on the learner's own values of this
-    minibatch, computed in return units."""
+                   bootstrap_value: torch.Tensor, log_rhos: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """--with_vtrace: (value targets, advantages), [T, B] in return units, on the learner's own
+    values of this minibatch."""
     returns, bootstrap_return = model.values_to_returns(values), model.values_to_returns(bootstrap_value)
     discounts, rewards = cfg.gamma * (1.0 - steps["done"]), steps["reward"]
     vs, _ = vtrace(log_rhos, discounts, rewards, returns, bootstrap_return, cfg.vtrace_rho, cfg.vtrace_c)
     next_vs = torch.cat([vs[1:], bootstrap_return.unsqueeze(0)])
-    advantages = rewards + discounts * next_vs - returns
-    return normalized_targets(model, vs, mask, update_statistics), advantages
+    return vs, rewards + discounts * next_vs - returns
 
 
-def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg,
-              update_statistics: bool = False):
-    """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first).
+def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version: int, cfg):
+    """The APPO objective on a batch of trajectories, each [T+1, B, ...] (time first). It changes
+    nothing: the learner folds the value targets into the return statistics (sgd_update).
 
     V-trace targets are computed here, per minibatch, on the learner's own values (step T holds
     only the bootstrap observation, see gae_targets); with GAE the batch carries the targets and
     advantages that gae_targets computed for it ("target", "advantage", [T, B]). Returns (loss,
     aux): aux holds the loss's terms and the per-step tensors that loss_stats makes the figures
-    of. With `update_statistics` V-trace's targets also update the running return statistics
-    (the learner asks for it in the first epoch only, so each target is counted once).
+    of, and "returns", the value targets in return units.
     """
     if not cfg.with_vtrace and "target" not in batch:
         raise KeyError("appo_loss with GAE (--no-with_vtrace) trains on the batch's 'target' and 'advantage': "
@@ -827,10 +805,11 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
 
     with torch.no_grad():
         if cfg.with_vtrace:
-            targets, advantages = vtrace_targets(model, steps, values, bootstrap_value, log_probs - behaviour_log_probs,
-                                                 mask, cfg, update_statistics)
+            returns, advantages = vtrace_targets(model, steps, values, bootstrap_value,
+                                                 log_probs - behaviour_log_probs, cfg)
         else:
-            targets, advantages = batch["target"], batch["advantage"]
+            returns, advantages = batch["target"], batch["advantage"]
+        targets = in_value_units(model, returns)
         if cfg.normalize_advantage:
             mean = masked_mean(advantages, mask)
             std = masked_mean((advantages - mean) ** 2, mask).sqrt()
@@ -842,7 +821,7 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     loss = policy_loss + cfg.value_loss_coeff * critic_loss + cfg.exploration_loss_coeff * exploration
     return loss, {"loss": loss, "policy_loss": policy_loss, "value_loss": critic_loss, "entropy": entropy,
                   "log_probs": log_probs, "behaviour_log_probs": behaviour_log_probs, "values": values,
-                  "targets": targets, "mask": mask, "lag": lag}
+                  "targets": targets, "returns": returns, "mask": mask, "lag": lag}
 
 
 def scheduled_learning_rate(cfg, env_frames: int) -> float | None:
@@ -860,8 +839,10 @@ def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict
     batch's targets, see gae_targets), then --num_epochs passes over the batch, each in
     --num_batches_per_epoch minibatches of whole trajectories (V-trace runs along a trajectory,
     and each starts from its own saved RNN state), one optimiser step each. Every statistic
-    counts the batch once. Returns (the last step's aux from appo_loss with its gradient norm, for
-    loss_stats; the steps skipped at a non-finite loss or gradient, a 0-dim tensor)."""
+    counts the batch once: the return statistics take GAE's targets before the first step,
+    V-trace's after each minibatch's step in the first epoch. Returns (the last step's aux from
+    appo_loss with its gradient norm, for loss_stats; the steps skipped at a non-finite loss or
+    gradient, a 0-dim tensor)."""
     model.update_normalizers({key: trajectory_major(batch[key]) for key in model.encoders})
     trajectories = batch["done"].shape[1]
     size = trajectories // cfg.num_batches_per_epoch  # --batch_size / --rollout for a whole iteration
@@ -869,14 +850,23 @@ def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict
     minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
     if not cfg.with_vtrace:
         batch = {**batch, **gae_targets(model, batch, policy_version, cfg)}
+        fold_returns(model, batch["target"], loss_mask(steps_of(batch), policy_version, cfg)[0])
     schedule = [(epoch, rows) for epoch in range(cfg.num_epochs) for rows in minibatches]
     skipped = torch.zeros((), device=batch["done"].device)
     for epoch, rows in schedule:
         minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
-        loss, aux = appo_loss(model, minibatch, policy_version, cfg, update_statistics=epoch == 0)
+        loss, aux = appo_loss(model, minibatch, policy_version, cfg)
         grad_norm, step_skipped = optimizer_step(model, optimizer, loss, cfg)
         skipped += step_skipped
+        if cfg.with_vtrace and epoch == 0:
+            fold_returns(model, aux["returns"], aux["mask"])
     return {**aux, "grad_norm": grad_norm}, skipped
+
+
+def fold_returns(model: ActorCritic, returns: torch.Tensor, mask: torch.Tensor):
+    """--normalize_returns: value targets [T, B] in return units into the running return statistics."""
+    if model.normalize_returns:
+        model.returns_normalizer.update(returns.reshape(-1), rows=mask.reshape(-1))
 
 
 def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg
@@ -1192,16 +1182,6 @@ def native_bfloat16(device: str) -> bool:
     return torch.backends.mkldnn.is_available() and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def host_reads_stall(device: torch.device) -> bool:
-    """Does reading a tensor's value on the host (`.item()`, `bool()`, a boolean index) wait for
-    every kernel queued before it? On a GPU it does, so there the learner runs its RNN over episode
-    segments planned from a host copy of the batch's dones (SegmentRNN) instead of the model's
-    loop of small steps. Everything else a step decides stays on the device on every device
-    (fused Adam skips a non-finite step itself, the normalisers weigh rows instead of selecting
-    them)."""
-    return torch.device(device).type != "cpu"
-
-
 def distributed() -> bool:
     """Whether this process is one of torchrun's ranks (the EXTRAS block multi-node joined them)."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -1307,6 +1287,25 @@ def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
         errors.append(f"--exploration_loss symmetric_kl measures the policy against a uniform one over all actions, "
                       f"and {cfg.env} masks some: use --exploration_loss entropy")
     return errors
+
+
+def acting_errors(model: "ActorCritic", obs_space: spaces.Space, cfg) -> list[str]:
+    """act() and acting_fields (a forker edits both to carry a quantity to the loss) must agree on
+    every field's name and per-step shape: one zero observation through act() shows it here, not
+    as a policy worker's crash in a copy that names no field."""
+    obs = {key: torch.zeros((1, *shape), dtype=getattr(torch, dtype.name)) for key, (shape, dtype)
+           in obs_shapes(obs_space).items()}
+    with torch.random.fork_rng(devices=[]):  # its sample draws nothing from the run's seeded stream
+        outputs, _ = act(model, obs, torch.zeros(1, rnn_state_size(cfg)))
+    fields = acting_fields(model.action_dist)
+    errors = [f"act() returns '{name}', which acting_fields lacks: add it there with its shape and dtype a step"
+              for name in outputs if name not in fields]
+    errors += [f"acting_fields has '{name}', which act() does not return: add it to act()'s dict"
+               for name in fields if name not in outputs]
+    return errors + [f"act() gives '{name}' of shape {tuple(outputs[name].shape[1:])} a step, acting_fields "
+                     f"{tuple(shape)}: make them agree (a policy's logits are action_dist.num_params wide)"
+                     for name, (shape, _) in fields.items()
+                     if name in outputs and tuple(outputs[name].shape[1:]) != tuple(shape)]
 
 
 def experiment_dir(cfg) -> str:
@@ -2601,27 +2600,63 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict):
 
 
 class SegmentRNN:
-    """The learner's accelerator for a GRU or LSTM core where host reads stall (a GPU): it replaces
-    this model instance's core_over_rollout (its state_dict and every other method unchanged) with
-    the same numbers in one nn.GRU/nn.LSTM call on the cell's own weights, over the rollout cut into
-    episode segments (cuDNN: a few kernels instead of a dozen a step). The CPU keeps the model's
-    loop: its seeded serial runs pin the loop's numerics (scripts/same_training.py), and one fused
-    call sums in another order (a test checks the two agree).
+    """The learner's path for torch's own GRUCell or LSTMCell core, on every device: it replaces this
+    model instance's core_over_rollout (its state_dict and every other method unchanged) with the
+    same numbers in one nn.GRU/nn.LSTM call on the cell's own weights, over the rollout cut into
+    episode segments: a few steps of many segments instead of T steps of B trajectories (a
+    doom_basic minibatch's GRU forward and backward in 0.70x the loop's time on a CPU, a few cuDNN
+    kernels instead of a dozen a step on a GPU). Where it would not compute what the model's own
+    loop computes (a cell of your own, an edited core_step) the loop trains: `for_model` checks.
 
     The segments are planned from the batch's host copy of the dones (BatchBuffers' "done_host",
     handed over by `use`), so nothing is read from the device. A minibatch's dones are a view of the
     batch's, and their offset in it names their columns; dones that are not such a view (the loss
     called outside sgd_update) take the model's loop."""
 
-    def __init__(self, model: ActorCritic):
-        self.model, self.loop = model, model.core_over_rollout
+    def __init__(self, model: nn.Module):
+        self.model, self.loop, cell = model, model.core_over_rollout, model.core
+        self.lstm = type(cell) is nn.LSTMCell
         # a module of its own, not registered with the model: the cell's weights stay its only parameters
         # and state_dict keys. On a GPU a call may repack them in place into one cuDNN buffer
         # (flatten_parameters): the same values and keys
-        self.rnn = (nn.GRU if model.rnn_type == "gru" else nn.LSTM)(model.hidden_size, model.hidden_size,
-                                                                     device="meta")
+        self.rnn = (nn.LSTM if self.lstm else nn.GRU)(cell.input_size, cell.hidden_size, device="meta")
         self.dones, self.dones_host = None, None
-        object.__setattr__(model, "core_over_rollout", self)
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> "SegmentRNN | None":
+        """One for `model` where it computes the model's own core_over_rollout (torch's own cell under
+        the model's core_step: checked on random inputs, so an edit of either keeps the loop); else
+        None, and the model's loop trains."""
+        if type(getattr(model, "core", None)) not in (nn.GRUCell, nn.LSTMCell) or not hasattr(model, "core_over_rollout"):
+            return None
+        segments = cls(model)
+        generator = torch.Generator().manual_seed(0)
+        steps, batch, cell = 6, 3, model.core
+        dones = (torch.rand(steps, batch, generator=generator) < 0.3).float()
+        features = torch.randn(batch * steps, cell.input_size, generator=generator)
+        state = torch.randn(batch, cell.hidden_size * (2 if segments.lstm else 1), generator=generator)
+        device = cell.weight_ih.device
+        segments.use(dones.to(device), dones.numpy())
+        try:
+            with torch.no_grad():
+                ours = segments(features.to(device), state.to(device), segments.dones)
+                loops = segments.loop(features.to(device), state.to(device), segments.dones)
+        except Exception:  # a core_step that wants another state layout, say
+            return None
+        finally:
+            segments.use(None, None)
+        return segments if ours.shape == loops.shape and torch.allclose(ours, loops, rtol=1e-4, atol=1e-5) else None
+
+    def install(self) -> "SegmentRNN":
+        object.__setattr__(self.model, "core_over_rollout", self)
+        return self
+
+    @staticmethod
+    def path(model: nn.Module) -> str:
+        """What trains the model's recurrent core, in words (the run's second line)."""
+        if SegmentRNN.for_model(model) is not None:
+            return f"{'nn.LSTM' if type(model.core) is nn.LSTMCell else 'nn.GRU'} over episode segments (SegmentRNN)"
+        return "the model's own core_over_rollout" if hasattr(model, "core") else "no recurrent core"
 
     def use(self, dones: torch.Tensor, dones_host: np.ndarray | None):
         """The next batch's dones [T+1, B], on the device and their host copy (None: loop)."""
@@ -2656,10 +2691,10 @@ class SegmentRNN:
         def initial(state):  # [1, segments, hidden]: the saved states, then zeros
             return torch.cat([state, state.new_zeros(plan.num_segments - batch, state.shape[1])]).unsqueeze(0)
 
-        if self.model.rnn_type == "gru":
-            hx = initial(first_rnn_state)
-        else:
+        if self.lstm:
             hx = tuple(initial(half) for half in first_rnn_state.chunk(2, dim=1))  # [hidden, cell], as core_step
+        else:
+            hx = initial(first_rnn_state)
         weights = {f"{name}_l0": getattr(self.model.core, name)
                    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
         outputs, _ = torch.func.functional_call(self.rnn, weights, (inputs, hx))
@@ -2706,14 +2741,16 @@ class Learner:
         self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
         self.model = compiled_encoder(ActorCritic(*spaces_pair, cfg).to(self.device), cfg, fixed_shapes=True)
-        # where host reads stall, the RNN runs over episode segments, planned from the batch's host copy of its dones
-        self.segments = SegmentRNN(self.model) if host_reads_stall(self.device) and cfg.rnn_type != "none" else None
         # fused: one kernel for the whole update, and it skips a non-finite step itself (optimizer_step)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
                                           betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, fused=True)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
             rnn_in_full_float32()
+        # torch's own cell trains over episode segments, planned from the batch's host copy of its dones
+        self.segments = SegmentRNN.for_model(self.model)
+        if self.segments is not None:
+            self.segments.install()
         self.policy_version, self.env_frames = 0, 0
         checkpoint = load_latest_checkpoint(cfg, policy_id, quiet=True)  # the runner has warned already
         if checkpoint is None:  # version 0: the weights the runner drew and the policy workers act with
@@ -2821,7 +2858,7 @@ class Learner:
         with self.times("copy"):
             index = torch.as_tensor(slot_indices, dtype=torch.long)
             if not self.buffer_sets or self.buffer_sets[0].host["done"].shape[0] != len(index):
-                dones_on_host = host_reads_stall(self.device)  # then a batch brings its dones on the host too
+                dones_on_host = self.segments is not None  # then a batch brings its dones on the host too
                 self.buffer_sets = [BatchBuffers(self.shared.slots.tensors, len(index), self.device, dones_on_host)
                                     for _ in range(2)]
             buffers = self.buffer_sets[self.batches_taken % 2]
@@ -2862,7 +2899,7 @@ class Learner:
         back in one go, and stops the run after too many skipped steps in a row; else {}."""
         steps = self.cfg.num_epochs * self.cfg.num_batches_per_epoch
         batch = dict(batch)
-        dones_host = batch.pop("done_host", None)  # BatchBuffers' host copy, where host reads stall
+        dones_host = batch.pop("done_host", None)  # BatchBuffers' host copy, for SegmentRNN
         if self.segments is not None:
             self.segments.use(batch["done"], dones_host)
         aux, skipped = sgd_update(self.model, self.optimizer, batch, self.policy_version, self.cfg)
@@ -3575,6 +3612,12 @@ def run_training(cfg, watch) -> TrainResult:
         print_errors(errors)
         return TrainResult(exit_code=2)
     model = ActorCritic(*probe.spaces, cfg)
+    errors = acting_errors(model, probe.spaces[0], cfg)
+    if errors:
+        print_errors(errors)
+        return TrainResult(exit_code=2)
+    if cfg.rank == 0:
+        print(f"the learner trains the recurrent core with {SegmentRNN.path(model)}", flush=True)
     shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
     if cfg.serial_mode:
         workers = SerialRun(cfg, shared, probe.spaces)

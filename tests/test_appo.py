@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from torch import nn
 
 import appo
 import appo_ipc
@@ -263,10 +264,12 @@ def test_the_learner_counts_each_batch_once_in_the_running_statistics_whatever_t
     assert all(state["step"] == 3 for state in learner.optimizer.state.values())
 
 
-def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_path, monkeypatch):
+@pytest.mark.parametrize("with_vtrace", [True, False])
+def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_path, monkeypatch, with_vtrace):
     """--num_epochs 2 --num_batches_per_epoch 2: four optimiser steps, each on two whole trajectories
     (every step of them, with their own first RNN state), the return statistics counted once."""
-    cfg = small_cfg(train_dir=str(tmp_path), num_epochs=2, num_batches_per_epoch=2, normalize_returns=True)
+    cfg = small_cfg(train_dir=str(tmp_path), num_epochs=2, num_batches_per_epoch=2, normalize_returns=True,
+                    with_vtrace=with_vtrace)
     learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     steps, trajectories = 6, 4
     batch = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, steps, trajectories)
@@ -274,16 +277,21 @@ def test_minibatches_take_whole_trajectories_and_one_optimiser_step_each(tmp_pat
     seen = []
     real_loss = appo.appo_loss
 
-    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False, **kwargs):
-        seen.append((minibatch["rnn_state"][0, :, 0].tolist(), minibatch["reward"].shape, update_statistics))
-        return real_loss(model, minibatch, policy_version, cfg, update_statistics, **kwargs)
+    def recording_loss(model, minibatch, policy_version, cfg):
+        seen.append((minibatch["rnn_state"][0, :, 0].tolist(), minibatch["reward"].shape,
+                     float(model.returns_normalizer.count)))
+        return real_loss(model, minibatch, policy_version, cfg)
 
     monkeypatch.setattr(appo, "appo_loss", recording_loss)
     returns_count = float(learner.model.returns_normalizer.count)
     learner.sgd_step(batch)
     assert [trajectory_ids for trajectory_ids, _, _ in seen] == [[0.0, 1.0], [2.0, 3.0]] * 2
     assert all(shape == (steps + 1, 2) for _, shape, _ in seen)
-    assert [update for _, _, update in seen] == [True, True, False, False]
+    # the loss changes nothing; the learner folds GAE's targets in before the first step, and each
+    # minibatch's V-trace targets after its step in the first epoch only
+    folded = (0, 1, 2, 2) if with_vtrace else (2, 2, 2, 2)
+    assert ([count - returns_count for _, _, count in seen]
+            == pytest.approx([halves * steps * trajectories / 2 for halves in folded]))
     assert all(state["step"] == 4 for state in learner.optimizer.state.values())
     assert float(learner.model.returns_normalizer.count) == pytest.approx(returns_count + steps * trajectories)
 
@@ -303,9 +311,9 @@ def test_gae_targets_are_computed_once_per_batch_with_the_weights_before_its_fir
     seen = []
     real_loss = appo.appo_loss
 
-    def recording_loss(model, minibatch, policy_version, cfg, update_statistics=False, **kwargs):
+    def recording_loss(model, minibatch, policy_version, cfg):
         seen.append((minibatch["target"].clone(), minibatch["advantage"].clone()))
-        return real_loss(model, minibatch, policy_version, cfg, update_statistics, **kwargs)
+        return real_loss(model, minibatch, policy_version, cfg)
 
     monkeypatch.setattr(appo, "appo_loss", recording_loss)
     learner.sgd_step(batch)
@@ -501,25 +509,69 @@ def test_the_rnn_over_episode_segments_equals_the_loop_in_outputs_and_gradients(
     assert segments(None, None, dones.clone()) is None and called == [1, 1]  # not the batch's: the loop
 
 
-@pytest.mark.parametrize("rnn_type", ["gru", "lstm"])
-def test_the_written_out_rnn_cells_equal_torchs_cells_in_values_and_gradients(rnn_type):
-    torch.manual_seed(4)
-    cfg = small_cfg(rnn_type=rnn_type)
+class LayerNormGRUCell(nn.GRUCell):
+    """A forker's edit: a GRU cell whose new state is layer-normalised, as a subclass of torch's cell."""
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__(input_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size)
+
+    def forward(self, x, state):
+        return self.norm(super().forward(x, state))
+
+
+def test_a_cell_of_ones_own_acts_and_trains_through_its_own_code_and_keeps_the_models_loop(tmp_path):
+    """docs/fork.md's recurrent core: a GRUCell subclass with a forward of its own put in model.core
+    is what forward() and the loss run (its LayerNorm gets gradients from the loss), and the learner
+    keeps the model's loop for it: SegmentRNN (an nn.GRU on the cell's weights) would train a plain
+    GRU. So does an edited core_step around torch's own cell; torch's own cells get SegmentRNN."""
+    torch.manual_seed(5)
+    cfg = small_cfg(train_dir=str(tmp_path), rnn_type="gru", with_vtrace=True)
     model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
-    features, state = torch.randn(5, 32), torch.randn(5, appo.rnn_state_size(cfg))
-    output, next_state = model.core_step(model.core_inputs(features), state)
-    if rnn_type == "gru":
-        expected = model.core(features, state)
-        expected_state = expected
-    else:
-        hidden, cell = model.core(features, tuple(state.chunk(2, dim=1)))
-        expected, expected_state = hidden, torch.cat([hidden, cell], dim=1)
-    torch.testing.assert_close(output, expected)
-    torch.testing.assert_close(next_state, expected_state)
-    ours = torch.autograd.grad(next_state.square().sum(), list(model.core.parameters()))
-    theirs = torch.autograd.grad(expected_state.square().sum(), list(model.core.parameters()))
-    for our_grad, their_grad in zip(ours, theirs):
-        torch.testing.assert_close(our_grad, their_grad)
+    assert appo.SegmentRNN.for_model(model) is not None
+    model.core = LayerNormGRUCell(cfg.hidden_size, cfg.hidden_size)
+    features, state = torch.randn(5, cfg.hidden_size), torch.randn(5, cfg.hidden_size)
+    output, next_state = model.core_step(features, state)
+    torch.testing.assert_close(output, model.core(features, state))
+    torch.testing.assert_close(output.mean(dim=1), torch.zeros(5), atol=1e-5, rtol=0)  # normalised: it ran
+    assert appo.SegmentRNN.for_model(model) is None
+    assert "own core_over_rollout" in appo.SegmentRNN.path(model)
+    loss, _ = appo.appo_loss(model, fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4), 0, cfg)
+    loss.backward()
+    assert model.core.norm.weight.grad is not None and model.core.norm.weight.grad.abs().sum() > 0
+
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
+    assert learner.segments is not None and "nn.GRU" in appo.SegmentRNN.path(learner.model)
+    edited = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg(rnn_type="lstm"))
+    assert "nn.LSTM" in appo.SegmentRNN.path(edited)
+    step = edited.core_step
+    edited.core_step = lambda x, h: (lambda out, new: (torch.tanh(out), new))(*step(x, h))  # one edit in core_step
+    assert appo.SegmentRNN.for_model(edited) is None
+
+
+def test_a_learner_trains_a_model_without_a_recurrent_core_or_core_over_rollout(tmp_path, monkeypatch):
+    """A replacement model that keeps only the documented contract (no core, no core_over_rollout)
+    starts and trains: the learner reaches for SegmentRNN only where the model holds torch's own
+    cell."""
+
+    class NoCore(appo.ActorCritic):
+        def __getattribute__(self, name):
+            if name in ("core", "core_over_rollout"):
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+        def forward_rollout(self, obs, first_rnn_state, dones):
+            steps, batch = dones.shape
+            features = self.encode({key: appo.trajectory_major(value) for key, value in obs.items()})
+            features = features.view(batch, steps, -1).transpose(0, 1)
+            return self.mask_logits(self.action_logits(features), obs), self.value_head(features).squeeze(-1)
+
+    cfg = small_cfg(train_dir=str(tmp_path), rnn_type="none")
+    monkeypatch.setattr(appo, "ActorCritic", NoCore)
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
+    assert learner.segments is None and not hasattr(learner.model, "core_over_rollout")
+    assert appo.SegmentRNN.path(learner.model) == "no recurrent core"
+    assert learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))["skipped_steps"] == 0
 
 
 def test_bfloat16_encoder_is_close_to_float32_and_keeps_float32_weights_and_gradients():
@@ -670,7 +722,7 @@ def test_ppo_with_v_trace_trains_a_gaussian_policy_towards_better_actions():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    mean = model.action_logits(model.core_step(model.core_inputs(model.encode({"obs": torch.zeros(1, 1)})),
+    mean = model.action_logits(model.core_step(model.encode({"obs": torch.zeros(1, 1)}),
                                                torch.zeros(1, 1))[0])[0, 0].item()
     assert abs(mean - 0.7) < 0.15, mean
 
@@ -713,6 +765,9 @@ def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):
     data["done"] = (torch.rand(steps + 1, batch) < 0.1).float()
     data["policy_version"] = torch.full((steps + 1, batch), policy_version, dtype=torch.long)
     data["valid"] = torch.ones(steps + 1, batch)
+    for name, (shape, dtype) in appo.acting_fields(appo.action_distribution(action_space)).items():
+        if name not in data:  # a field a forker added: zeros
+            data[name] = torch.zeros((steps + 1, batch, *shape), dtype=getattr(torch, dtype.name))
     return data
 
 
@@ -786,10 +841,10 @@ def record_host_reads(monkeypatch) -> list[str]:
 
 def as_take_batch_hands_it_over(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
     """A batch [T+1, B, ...] through BatchBuffers, from slot-shaped trajectory-major copies, as
-    Learner.take_batch hands it to train_step (with "done_host" where host reads stall)."""
+    Learner.take_batch hands it to train_step (with "done_host", for SegmentRNN)."""
     slot_tensors = {name: value.transpose(0, 1).contiguous() for name, value in batch.items()}
     trajectories = batch["done"].shape[1]
-    buffers = appo.BatchBuffers(slot_tensors, trajectories, device, appo.host_reads_stall(device))
+    buffers = appo.BatchBuffers(slot_tensors, trajectories, device, dones_on_host=True)
     return buffers.fill(slot_tensors, torch.arange(trajectories))
 
 
@@ -799,23 +854,20 @@ def learner_with_weights(cfg) -> appo.Learner:
     return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
 
 
-@pytest.mark.parametrize("reads_stall", [True, False])
 @pytest.mark.parametrize("with_vtrace", [True, False])
-def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tmp_path, monkeypatch, with_vtrace,
-                                                                               reads_stall):
+def test_a_learner_step_reads_once_and_only_to_publish(tmp_path, monkeypatch, with_vtrace):
     """gpu-analysis: a learner step on the H200 waited for the GPU about 20 times (statistics'
-    .item(), the finite check, the return normaliser's boolean index, publish). Where reads stall
-    (a GPU: here forced on the CPU), a step of four SGD steps reads once, to publish; a step whose
-    report is due reads its statistics once more. Its RNN runs over episode segments planned from
-    the batch's host copy of the dones (the cell steps only for GAE's bootstrap). On the CPU the
-    same step reads as little: the optimizer's skip and the normalisers are one path everywhere.
+    .item(), the finite check, the return normaliser's boolean index, publish). A step of four SGD
+    steps reads once, to publish; a step whose report is due reads its statistics once more: the
+    optimizer's skip and the normalisers stay on the device, on every device. Its RNN runs over
+    episode segments planned from the batch's host copy of the dones (the cell steps only for GAE's
+    bootstrap), on the CPU as on a GPU.
 
     What it counts is calls to the patched Tensor methods above, on the CPU: a read they do not
     cover (torch.nonzero, np.asarray of a tensor, a sync inside a kernel) goes unseen. The GPU's
     real synchronisations are counted by tests/test_cuda.py's
     test_a_learner_step_on_the_gpu_waits_for_it_at_most_once_when_no_report_is_due (torch's sync
     debug mode), which passed on an H200 on 2026-11-28."""
-    monkeypatch.setattr(appo, "host_reads_stall", lambda device: reads_stall)
     cfg = small_cfg(train_dir=str(tmp_path), with_vtrace=with_vtrace, num_epochs=2, num_batches_per_epoch=2,
                     normalize_returns=True, normalize_input=True)
     learner = learner_with_weights(cfg)
@@ -823,8 +875,7 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     trajectories = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
     trajectories["done"][2, 1] = trajectories["done"][3, 3] = 1.0
     batch = as_take_batch_hands_it_over(trajectories, learner.device)
-    if reads_stall:
-        assert np.array_equal(batch["done_host"], trajectories["done"].numpy())
+    assert np.array_equal(batch["done_host"], trajectories["done"].numpy())
     cell_steps, core_step = [], learner.model.core_step
     monkeypatch.setattr(learner.model, "core_step", lambda *args: cell_steps.append(1) or core_step(*args))
     reads = record_host_reads(monkeypatch)
@@ -834,8 +885,7 @@ def test_where_host_reads_stall_a_learner_step_reads_once_and_only_to_publish(tm
     stats = learner.train_step(batch, report=True)
     assert reads == ["tolist", "publish"]
     assert isinstance(stats["loss"], float) and stats["skipped_steps"] == 0 and learner.policy_version == 2
-    if reads_stall:
-        assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
+    assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
 
 
 def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path):

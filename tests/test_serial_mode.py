@@ -68,17 +68,29 @@ def test_a_breakpoint_in_the_loss_stops_under_pdb(tmp_path):
     assert processes_still_tagged(tag) == []  # quitting the debugger ends the run's env processes too
 
 
+def exact_kl(action_dist, behaviour: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """KL(behaviour || current) per step, from two policies' parameters ("logits")."""
+    if isinstance(action_dist, appo.DiagonalGaussian):
+        (mean_b, log_std_b), (mean_c, log_std_c) = action_dist.split(behaviour), action_dist.split(current)
+        return (log_std_c - log_std_b - 0.5
+                + (torch.exp(2 * log_std_b) + (mean_b - mean_c) ** 2) / (2 * torch.exp(2 * log_std_c))).sum(-1)
+    return sum((b.exp() * (b - c)).sum(-1)
+               for b, c in zip(action_dist.log_softmax(behaviour), action_dist.log_softmax(current)))
+
+
 @pytest.mark.slow
-def test_one_more_per_step_quantity_reaches_the_loss_through_act_and_acting_fields(tmp_path, monkeypatch):
-    """docs/fork.md's seam for a forker's per-step quantity: the behaviour logits (for an exact KL)
-    added to acting_fields and to act()'s dict are written by the policy worker into a slot field
-    of their own and reach the loss as batch["logits"]. Where the learner trains with the weights
-    that acted (lag 0, the first SGD step of a batch, no input statistics to update), the logits it
-    computes are the ones that acted."""
+@pytest.mark.parametrize("env", ["doom_basic", "gym:InvertedPendulum-v5"])  # Discrete, Box
+def test_one_more_per_step_quantity_reaches_the_loss_through_act_and_acting_fields(tmp_path, monkeypatch, env):
+    """docs/fork.md's seam for a forker's per-step quantity: the behaviour policy's parameters (for
+    an exact KL penalty) added to acting_fields, action_dist.num_params wide, and to act()'s dict
+    are written by the policy worker into a slot field of their own and reach the loss as
+    steps_of(batch)["logits"], [T, B, num_params], on discrete and continuous actions. The loss adds
+    the exact KL to the current policy; at a policy version's first SGD step (no weights moved yet,
+    no input statistics to update) the steps those weights acted have a KL of 0."""
     real_fields, real_loss = appo.acting_fields, appo.appo_loss
 
     def fields_with_logits(action_dist):
-        return {**real_fields(action_dist), "logits": ((action_dist.num_outputs,), np.dtype(np.float32))}
+        return {**real_fields(action_dist), "logits": ((action_dist.num_params,), np.dtype(np.float32))}
 
     def act_with_logits(model, obs, rnn_state):
         with torch.inference_mode():
@@ -87,25 +99,47 @@ def test_one_more_per_step_quantity_reaches_the_loss_through_act_and_acting_fiel
             return {"actions": actions, "log_prob": model.action_dist.log_prob(logits, actions), "value": values,
                     "logits": logits}, next_state
 
-    compared = []
+    compared, versions_seen = [], set()
 
-    def loss_reading_the_logits(model, batch, policy_version, cfg, update_statistics=False):
-        with torch.no_grad():
-            logits, _ = model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
-                                              batch["done"])
+    def loss_with_a_kl_penalty(model, batch, policy_version, cfg):
+        loss, aux = real_loss(model, batch, policy_version, cfg)
+        steps = appo.steps_of(batch)
+        logits, _ = model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
+                                          batch["done"])
+        kl = exact_kl(model.action_dist, steps["logits"], logits[:-1])
         # version 0 is the runner's first draw, which the learner's own does not equal: from version 1 on,
-        # the weights that acted a step are the learner's of that version
-        acted_by_these = ((batch["valid"][:-1] > 0) & (batch["policy_version"][:-1] == policy_version)
-                          & (policy_version > 0))
-        if update_statistics and acted_by_these.any():  # the batch's first step: no weights have moved yet
-            torch.testing.assert_close(batch["logits"][:-1][acted_by_these], logits[:-1][acted_by_these],
-                                       rtol=1e-4, atol=1e-4)
+        # the weights that acted a step are the learner's of that version until its first step
+        acted_by_these = (steps["valid"] > 0) & (steps["policy_version"] == policy_version) & (policy_version > 0)
+        if policy_version not in versions_seen and acted_by_these.any():
+            assert kl.detach()[acted_by_these].abs().max() < 1e-4
             compared.append(int(acted_by_these.sum()))
-        return real_loss(model, batch, policy_version, cfg, update_statistics)
+        versions_seen.add(policy_version)
+        penalty = appo.masked_mean(kl, aux["mask"])
+        return loss + 0.1 * penalty, {**aux, "exact_kl": penalty.detach()}
 
     monkeypatch.setattr(appo, "acting_fields", fields_with_logits)
     monkeypatch.setattr(appo, "act", act_with_logits)
-    monkeypatch.setattr(appo, "appo_loss", loss_reading_the_logits)
+    monkeypatch.setattr(appo, "appo_loss", loss_with_a_kl_penalty)
+    flags = serial_flags(tmp_path, "logits", frames=3_000)
+    flags[flags.index("--env") + 1] = env
     # without input normalisation: the learner would update its statistics before the loss
-    assert appo.main(serial_flags(tmp_path, "logits", frames=3_000) + ["--no-async_rl", "--no-normalize_input"]) == 0
+    assert appo.main(flags + ["--no-async_rl", "--no-normalize_input"]) == 0
     assert len(compared) >= 3 and sum(compared) > 100, compared
+
+
+def test_an_acting_field_of_the_wrong_width_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """docs/fork.md's seam copied with the width of the means alone on a Box env: one line naming the
+    field and both shapes, before any process is spawned."""
+    real_fields, real_act = appo.acting_fields, appo.act
+    monkeypatch.setattr(appo, "acting_fields", lambda action_dist: {
+        **real_fields(action_dist), "logits": ((action_dist.num_outputs,), np.dtype(np.float32))})
+
+    def act_with_logits(model, obs, rnn_state):
+        outputs, next_state = real_act(model, obs, rnn_state)
+        return {**outputs, "logits": model(obs, rnn_state)[0]}, next_state
+
+    monkeypatch.setattr(appo, "act", act_with_logits)
+    flags = serial_flags(tmp_path, "narrow", frames=1_000)
+    flags[flags.index("--env") + 1] = "gym:InvertedPendulum-v5"
+    assert appo.main(flags) == 2
+    assert "act() gives 'logits' of shape (2,) a step, acting_fields (1,)" in capsys.readouterr().err
