@@ -1,6 +1,8 @@
 """scripts/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
 table's figures from hand-made runs, the task probe on real VizDoom, and a real run's clean-up."""
 import argparse
+import glob
+import itertools
 import json
 import os
 import re
@@ -8,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -372,18 +375,64 @@ def test_each_run_records_the_precision_its_trainer_ran_and_the_table_says_it(tm
 
 def test_every_saved_learning_run_says_its_precision():
     """The result files under docs/bench record the precision each run trained in, or say that it
-    was not recorded; Sample Factory's and Stable-Baselines3's runs are float32."""
-    import glob
+    was not recorded; Sample Factory's and Stable-Baselines3's runs are float32. Where a run's own
+    flags name its precision (`--encoder_dtype`, in its configuration), the record is that one; where
+    it ran at `auto` on a recorded machine, the record follows the machine's bfloat16 (the two come
+    from different places: appo.py's resolved configuration, and the bench's probe of the CPU)."""
     runs = [bench.load_result(path) for path in glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"),
                                                           recursive=True)]
     runs = [r for r in runs if isinstance(r, dict) and "curve" in r and "config" in r]
     assert len(runs) > 200
+    flagged = 0
     for r in runs:
         allowed = ({"float32"} if r["config"]["trainer"] in ("sf", "sb3")
                    else {"bfloat16 encoder", "float32 encoder", "not recorded"})
         assert r.get("precision") in allowed, r["config"]
-        if r["config"]["trainer"] == "appo" and r.get("machine") and "--encoder_dtype" not in str(r["config"]["extra_flags"]):
+        if r["config"]["trainer"] != "appo":
+            continue
+        flags = r["config"].get("extra_flags", [])
+        if "--encoder_dtype" in flags:
+            flagged += 1
+            assert r["precision"] == f"{flags[flags.index('--encoder_dtype') + 1]} encoder", r["config"]
+        elif r.get("machine"):
             assert r["precision"] == ("bfloat16 encoder" if r["machine"]["bfloat16"] else "float32 encoder")
+    assert flagged >= 5  # the float32 ablation's runs
+
+
+# What the docs say of the precision of a set of saved appo.py runs: (page, its words, the runs
+# as a glob under docs/bench, how many, the one precision they all recorded, whether any of their
+# machines computes bfloat16). A page that claims a precision for runs that did not record it shows here.
+PRECISION_CLAIMS = [
+    ("docs/results/learning.md", "Every row is at one code, 8b3162efd64af30e, and one precision, float32 (CPUs "
+     "without bfloat16)", "gym/gym:*/appo_seed*.json", 18, "float32 encoder", False),
+    ("docs/results/learning.md", "the 18 gym: runs and the 3 pz: runs had CPUs without it",
+     "pettingzoo/pz:*/appo_seed*.json", 3, "float32 encoder", False),
+    ("docs/bench/gym_hopper_ablation/README.md", "All float32 (neither CPU has bfloat16)",
+     "gym_hopper_ablation/*/gym:Hopper-v5/appo_seed*.json", 12, "float32 encoder", False),
+]
+
+
+@pytest.mark.parametrize("page, words, pattern, count, precision, bfloat16_machine", PRECISION_CLAIMS)
+def test_what_the_docs_say_of_a_set_of_runs_precision_is_what_those_runs_recorded(page, words, pattern, count,
+                                                                                     precision, bfloat16_machine):
+    with open(os.path.join(REPO, page)) as f:
+        text = " ".join(f.read().split())
+    assert words in text, f"{page} no longer says: {words} (mend the claim here with it)"
+    runs = [bench.load_result(path) for path in glob.glob(os.path.join(BENCH, pattern))]
+    assert len(runs) == count, pattern
+    assert {r["precision"] for r in runs} == {precision}, pattern
+    assert {r["machine"]["bfloat16"] for r in runs} == {bfloat16_machine}, pattern
+
+
+def test_the_readmes_table_has_no_appo_run_that_recorded_float32():
+    """README: "appo.py ran its default bfloat16 encoder, Sample Factory float32". The headline's
+    appo.py runs recorded bfloat16 or nothing (those at older code: learning.md's precision section
+    says why bfloat16 is inferred for them); none recorded float32."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        assert "appo.py ran its default bfloat16 encoder, Sample Factory float32" in " ".join(f.read().split())
+    recorded = {r.get("precision") for folder in ("learning", "heldout")
+                for r in map(bench.load_result, glob.glob(os.path.join(BENCH, folder, "*", "appo_seed*.json")))}
+    assert recorded and recorded <= {"bfloat16 encoder", "not recorded"}, recorded
 
 
 def test_the_tables_count_the_first_run_of_each_seed_and_a_rerun_stays_aside():
@@ -411,6 +460,21 @@ def test_learning_mds_table_of_runs_that_shared_the_machine_is_what_the_saved_ru
     table = bench.contention_table()
     assert table.startswith(bench.CONTENTION_HEADER[0]) and "every other run had at most" in table
     assert table in learning, table
+    # the same figures counted here from the files, apart from the bench: every run file's share of
+    # the CPU elsewhere, those over 5% each in a row, and the highest of the others
+    shares = []
+    for path in glob.glob(os.path.join(BENCH, "**", "*.json"), recursive=True):
+        with open(path) as f:
+            saved = json.load(f)
+        if isinstance(saved, dict) and "other_cpu_share" in saved and "config" in saved:
+            shares.append(saved["other_cpu_share"])
+    over = sorted(share for share in shares if share > 0.05)
+    highest_other = max(share for share in shares if share <= 0.05)
+    assert (f"{len(over)} of the {len(shares)} saved runs under docs/bench/ shared the machine; every other run had "
+            f"at most {100 * highest_other:.1f}% of the CPU elsewhere.") in " ".join(learning.split())
+    _, rows = table_in("Reruns and contention: one rule", ("env", "trainer", "configuration", "seeds"))
+    listed = sorted(float(share.rstrip("%")) for row in rows for share in row[4].split(", "))
+    assert listed == [round(100 * share, 1) for share in over]
 
 
 def test_the_contention_table_lists_each_shared_run_where_it_is_kept_and_the_highest_share_of_the_rest(tmp_path):
@@ -505,18 +569,31 @@ def table_in(section: str, first_columns: tuple) -> tuple[tuple, list[list[str]]
 BENCH = os.path.join(REPO, "docs", "bench")
 
 
+# The cells below are recomputed here, apart from the bench's own functions (its reading of a
+# curve, its median and its minutes), so that a bug in the code that printed a table shows.
 def runs_in(folder: str, env_name: str, label: str) -> list[dict]:
-    return bench.saved_runs(os.path.join(BENCH, folder), env_name, label)
+    """The finished runs saved as <label>_seed<N>.json for the env in the folder, read with json."""
+    runs = []
+    for path in glob.glob(os.path.join(BENCH, folder, env_name, f"{label}_seed*.json")):
+        with open(path) as f:
+            runs.append(json.load(f))
+    return [r for r in runs if r["status"] == "ok"]
 
 
 def score_cell(folder: str, env_name: str, label: str, with_n: bool = True) -> str:
+    """median [min, max] of the runs' scores at their budget, or the one score; with (n)."""
     runs = runs_in(folder, env_name, label)
-    scores = [bench.score_at(r["curve"], bench.BUDGETS[env_name]) for r in runs]
-    return f"{bench.spread(scores)} ({len(scores)})" if with_n else bench.spread(scores)
+    budgets = {r["config"]["frames"] for r in runs}
+    assert len(budgets) == 1, (folder, env_name, label, budgets)
+    budget = budgets.pop()
+    scores = [score_at_budget(r["curve"], budget) for r in runs]
+    cell = (f"{scores[0]:.2f}" if len(scores) == 1
+            else f"{np.median(scores):.2f} [{min(scores):.2f}, {max(scores):.2f}]")
+    return f"{cell} ({len(scores)})" if with_n else cell
 
 
 def minutes_cell(folder: str, env_name: str, label: str) -> str:
-    return bench.minutes([r["wall_s"] for r in runs_in(folder, env_name, label)])
+    return f"{np.median([r['wall_s'] for r in runs_in(folder, env_name, label)]) / 60:.1f}"
 
 
 def report_rows(folder: str, env_names: list[str]) -> dict:
@@ -549,16 +626,77 @@ def test_learning_mds_report_tables_are_what_the_saved_runs_say(section, folder,
         assert cells == {column: expected[env_name][column] for column in cells}, env_name
 
 
+def score_at_budget(curve: list, frames: int) -> float:
+    """learning.md's reading, written here apart from the bench's: the mean return of the last
+    summary at or before the budget (a summary lands a little past a round budget: 0.1% of slack)."""
+    return [score for _, trained, score in curve if trained <= frames * 1.001][-1]
+
+
+def rank_sum_p_lower(ours: list, theirs: list) -> Fraction:
+    """Exact one-sided Mann-Whitney p of "ours are lower", in exact fractions: the share of all
+    splits of the pooled scores into groups of these sizes whose first group wins at most as many
+    pairs against the second as ours really does (a tie a half)."""
+    def wins(group, others):
+        return sum(Fraction(1) if x > y else Fraction(1, 2) if x == y else Fraction(0) for x in group for y in others)
+    pooled = ours + theirs
+    observed = wins(ours, theirs)
+    splits = list(itertools.combinations(range(len(pooled)), len(ours)))
+    at_most = sum(wins([pooled[i] for i in split], [pooled[i] for i in range(len(pooled)) if i not in split]) <= observed
+                  for split in splits)
+    return Fraction(at_most, len(splits))
+
+
+def test_rank_sum_p_of_this_file_gives_the_textbook_values():
+    """The checker's own p, on splits counted by hand: 3 against 3 all below is 1 split of C(6,3) =
+    20; all above, every split; one pair crossed (U = 1), the all-below split and this one, 2/20; a
+    tie across the groups counts a half (U = 0.5), and the two splits that take 1, 2 and either 3
+    are at or below it, 2/20."""
+    assert rank_sum_p_lower([1, 2, 3], [4, 5, 6]) == Fraction(1, 20)
+    assert rank_sum_p_lower([4, 5, 6], [1, 2, 3]) == 1
+    assert rank_sum_p_lower([1, 2, 4], [3, 5, 6]) == Fraction(2, 20)
+    assert rank_sum_p_lower([1, 2, 3], [3, 5, 6]) == Fraction(2, 20)
+    assert rank_sum_p_lower([1, 2], [3]) == Fraction(1, 3)
+
+
 def test_learning_mds_sb3_table_is_what_the_saved_runs_say():
-    """The SB3 table, cell for cell as `--report_only --results_dir docs/bench/gym_sb3` prints it."""
+    """The SB3 table, every cell recomputed here from the result files under docs/bench/gym_sb3/
+    without the bench's functions (its reading of a curve, median, rank-sum p and minutes are
+    written again above), so a bug in the code that printed the table shows here: each env's
+    folder is a row, every counted run reached the budget, SB3 ran in float32, appo.py's rows at
+    one code, as many seeds a side."""
     header, rows = table_in("gym: envs beside Stable-Baselines3 with rl-zoo3's settings", ("env", "steps"))
-    names = [row[0] for row in rows]
-    results = {name: {trainer: runs_in("gym_sb3", name, trainer) for trainer in ("appo", "sb3")} for name in names}
-    printed = bench.format_table([bench.summarize_env(name, bench.BUDGETS[name], results[name], "-") for name in names])
-    expected = [[cell.strip() for cell in line.strip("|").split("|")] for line in printed.splitlines()
-                if line.startswith("| gym:")]
-    assert rows == expected and all(len(results[name]["appo"]) == len(results[name]["sb3"]) for name in names)
-    codes = {run["config"]["code"] for name in names for run in results[name]["appo"]}
+    assert header == ("env", "steps", "appo.py (n)", "SB3 + rl-zoo3 (n)", "zoo entry", "p", "appo min", "SB3 min")
+    folder = os.path.join(BENCH, "gym_sb3")
+    assert sorted(row[0] for row in rows) == sorted(name for name in os.listdir(folder)
+                                                    if os.path.isdir(os.path.join(folder, name)))
+    codes = set()
+    for env_name, steps, appo_cell, sb3_cell, zoo_cell, p_cell, appo_minutes, sb3_minutes in rows:
+        saved = {}
+        for trainer in ("appo", "sb3"):
+            paths = sorted(glob.glob(os.path.join(folder, env_name, f"{trainer}_seed*.json")))
+            runs = []
+            for path in paths:
+                with open(path) as f:
+                    runs.append(json.load(f))
+            saved[trainer] = [r for r in runs if r["status"] == "ok"]
+        appo_runs, sb3_runs = saved["appo"], saved["sb3"]
+        assert appo_runs and len(appo_runs) == len(sb3_runs), env_name
+        frames = {r["config"]["frames"] for r in appo_runs + sb3_runs}
+        assert len(frames) == 1, (env_name, frames)
+        frames = frames.pop()
+        assert steps == (f"{frames // 1_000_000}M" if frames % 1_000_000 == 0 else f"{frames // 1000}k"), env_name
+        assert all(max(point[1] for point in r["curve"]) >= frames for r in appo_runs + sb3_runs), env_name
+        assert {r["precision"] for r in sb3_runs} == {"float32"}, env_name
+        scores = {trainer: [score_at_budget(r["curve"], frames) for r in runs] for trainer, runs in saved.items()}
+        for cell, trainer in ((appo_cell, "appo"), (sb3_cell, "sb3")):
+            values = scores[trainer]
+            assert cell == (f"{np.median(values):.2f} [{min(values):.2f}, {max(values):.2f}] ({len(values)})"), (
+                env_name, trainer)
+        assert zoo_cell == ", ".join(sorted({r["config"]["zoo_entry"] for r in sb3_runs})), env_name
+        assert p_cell == f"{float(rank_sum_p_lower(scores['appo'], scores['sb3'])):.2f}", env_name
+        for cell, runs in ((appo_minutes, appo_runs), (sb3_minutes, sb3_runs)):
+            assert cell == f"{np.median([r['wall_s'] for r in runs]) / 60:.1f}", env_name
+        codes |= {r["config"]["code"] for r in appo_runs}
     assert len(codes) == 1, codes  # the table's appo.py rows at one code
 
 
