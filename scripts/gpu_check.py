@@ -129,7 +129,8 @@ PREPARED_FLAGS = ["--steps", "cuda_tests,train,sigkill,eval,doom_1pw,doom_2pw", 
                   "--skip_legs", "pure,doom_1pw:sf"]
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|error)")
 PYTEST_SKIPPED = re.compile(r"^SKIPPED \[\d+\] (\S+): (.*)$", re.MULTILINE)  # -rs's lines: where, reason
-NEEDS_A_GPU = re.compile(r"\bneeds (a )?CUDA\b")  # tests/test_cuda.py's reasons for a test no CPU can stand in for
+# tests/test_cuda.py's reasons for a test no CPU can stand in for ("... needs CUDA", "CUDA events need a GPU")
+NEEDS_A_GPU = re.compile(r"\bneeds? (a )?(CUDA|GPU)\b")
 EVAL_RETURN = re.compile(r"mean return (-?[\d.]+) \+- ([\d.]+) over (\d+) games")
 EVAL_LENGTH = re.compile(r"mean length ([\d,]+) env frames")
 
@@ -661,7 +662,7 @@ def step_build(check: Check):
 
 def step_cuda_tests(check: Check, tests: str = "tests/test_cuda.py"):
     """The CUDA tests; none may be skipped on the GPU. In a dry run a test that needs a real GPU
-    (tests/test_cuda.py says so in its skip reason: the sync debug mode) is skipped, as expected."""
+    (tests/test_cuda.py says so in its skip reason: the sync debug mode, CUDA events) is skipped, as expected."""
     env = dict(check.env)
     if check.args.device == "cpu":
         env["APPO_CUDA_TESTS_ON_CPU"] = "1"  # the tests' own logic, with the CPU in the GPU's place
