@@ -187,7 +187,7 @@ def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
     assert check.results[0]["status"] == "skipped" and "expected to take about 110 s" in check.results[0]["reason"]
 
 
-def test_the_plan_for_one_lent_call_runs_the_steps_by_value_and_starts_none_that_would_end_past_the_deadline():
+def test_the_default_plan_runs_the_steps_by_value_and_starts_none_that_would_end_past_the_deadline():
     args = gpu_check.parse_args(["plan"])
     assert (args.train_seconds, args.bench_warmup, args.bench_seconds, args.deadline_s) == (30, 8, 12, 480)
     rows = [line.split() for line in gpu_check.plan(args).splitlines()[1:]]
