@@ -33,8 +33,10 @@ import argparse
 import contextlib
 import ctypes
 import dataclasses
+import faulthandler
 import glob
 import importlib.util
+import inspect
 import itertools
 import json
 import multiprocessing
@@ -140,7 +142,10 @@ def add_research_flags(parser: argparse.ArgumentParser):
                            "fewest that hold its iteration (the run's second line shows it)")
 
     optim = parser.add_argument_group("optimizer")
-    positive(optim.add_argument("--learning_rate", type=float, default=1e-4, help="Adam learning rate"))
+    optim.add_argument("--optimizer", choices=["adam", "sgd", "rmsprop"], default="adam",
+                       help="the learner's optimizer (make_optimizer: add yours there); the families' learning "
+                            "rates were chosen for Adam")
+    positive(optim.add_argument("--learning_rate", type=float, default=1e-4, help="the optimizer's learning rate"))
     optim.add_argument("--lr_schedule", choices=["constant", "linear_decay"], default="constant",
                        help="linear_decay: the learning rate falls linearly to 0 at --lr_decay_frames")
     positive(optim.add_argument("--lr_decay_frames", type=integer, default=None,
@@ -152,6 +157,8 @@ def add_research_flags(parser: argparse.ArgumentParser):
     optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
     optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
     positive(optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon"))
+    at_least_0(optim.add_argument("--momentum", type=float, default=0.0,
+                                  help="--optimizer sgd's and rmsprop's momentum (torch's default, 0)"))
     positive(optim.add_argument("--max_grad_norm", type=float, default=4.0, help="gradient norm clip"))
 
 
@@ -869,20 +876,37 @@ def fold_returns(model: ActorCritic, returns: torch.Tensor, mask: torch.Tensor):
         model.returns_normalizer.update(returns.reshape(-1), rows=mask.reshape(-1))
 
 
+def make_optimizer(model: ActorCritic, cfg) -> torch.optim.Optimizer:
+    """--optimizer: the learner's. One in torch's fused form (Adam, AdamW, SGD, Adagrad: one kernel
+    for every parameter) skips a non-finite step by itself, reading nothing back; any other
+    (RMSprop) is stepped only when the step is finite, read back once a step (on a GPU a wait).
+    Add yours here and to --optimizer's choices: it is checked before the run starts (a step that
+    needs a closure, as LBFGS's does, is refused), kept across a resume, and PBT mutates only
+    the hyperparameters it has."""
+    parameters = model.parameters()
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=cfg.learning_rate, momentum=cfg.momentum, fused=True)
+    if cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(parameters, lr=cfg.learning_rate, momentum=cfg.momentum)
+    return torch.optim.Adam(parameters, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                            eps=cfg.adam_eps, fused=True)
+
+
 def optimizer_step(model: ActorCritic, optimizer: torch.optim.Optimizer, loss: torch.Tensor, cfg
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One clipped Adam step on `loss`, skipped if the loss or gradient is not finite. Returns
-    (the gradient's norm, 1.0 if the step was skipped else 0.0), both 0-dim tensors.
-
-    The optimizer skips by itself, so nothing is read back: the learner's Adam (one kernel for every
-    parameter) takes the flag as torch's GradScaler hands it, and at 1 leaves weights and moments be."""
+    """One clipped step on `loss`, skipped if the loss or gradient is not finite. Returns (the
+    gradient's norm, 1.0 if the step was skipped else 0.0), both 0-dim tensors. A fused optimizer
+    takes the flag as torch's GradScaler hands it, and at 1 leaves weights and moments be."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
     skipped = (~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()
-    optimizer.found_inf = skipped
-    optimizer.step()
-    del optimizer.found_inf
+    if optimizer.defaults.get("fused"):
+        optimizer.found_inf = skipped
+        optimizer.step()
+        del optimizer.found_inf
+    elif not skipped.item():
+        optimizer.step()
     return grad_norm.detach(), skipped
 
 
@@ -1308,6 +1332,20 @@ def acting_errors(model: "ActorCritic", obs_space: spaces.Space, cfg) -> list[st
                      if name in outputs and tuple(outputs[name].shape[1:]) != tuple(shape)]
 
 
+def optimizer_errors(model: "ActorCritic", cfg) -> list[str]:
+    """make_optimizer's optimizer (a forker edits it) must step without a closure: optimizer_step
+    calls step() once a minibatch."""
+    try:
+        optimizer = make_optimizer(model, cfg)
+    except (ValueError, TypeError, RuntimeError) as error:
+        return [f"--optimizer {cfg.optimizer}: {error}"]
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        return [f"--optimizer {cfg.optimizer}: {type(optimizer).__name__}.step needs a closure (it evaluates the "
+                "loss itself), which the learner's one step a minibatch cannot give: choose another optimizer"]
+    return []
+
+
 def experiment_dir(cfg) -> str:
     return os.path.join(cfg.train_dir, cfg.experiment)
 
@@ -1332,7 +1370,7 @@ def experiment_dir_error(cfg) -> str | None:
 
 
 # The flags that fix the shape of the model and of the data: a resumed experiment must keep them.
-IMMUTABLE_FLAGS = ["env", "num_policies"] + MODEL_FLAGS
+IMMUTABLE_FLAGS = ["env", "num_policies", "optimizer"] + MODEL_FLAGS  # a checkpoint's optimizer state is its own
 
 
 def saved_config_errors(cfg) -> list[str]:
@@ -1341,15 +1379,28 @@ def saved_config_errors(cfg) -> list[str]:
         return []
     with open(path) as f:
         saved = json.load(f)
+    saved.setdefault("optimizer", "adam")  # the one optimizer before 2026-12-05
     return [f"--{flag} {getattr(cfg, flag)} conflicts with {saved.get(flag)} saved in {path}: "
             f"use another --experiment or the saved value" for flag in IMMUTABLE_FLAGS
             if flag in saved and saved[flag] != getattr(cfg, flag)]
 
 
+def checkout_errors(face: str = appo_ipc.__file__, native: str = appo_ipc._native.__file__,
+                    trainer: str = __file__) -> list[str]:
+    """appo.py, appo_ipc's Python face and its compiled module must come from one checkout (or one
+    install). A fork whose module is not built yet silently takes another checkout's from an
+    editable install of it (its finder answers for appo_ipc's missing child)."""
+    face, native, trainer = (os.path.dirname(os.path.realpath(path)) for path in (face, native, trainer))
+    if face == native and os.path.dirname(face) == trainer:
+        return []
+    return [f"appo.py ({trainer}) would run appo_ipc from {face} with its compiled module from {native}: build "
+            "this checkout's in place, from its root: pip install pybind11 && python setup.py build_ext --inplace"]
+
+
 def flag_errors(cfg) -> list[str]:
     """Every mistake in the flags, in the order a user can fix them; the run's folder is made
     (and tested) only when the flags are right."""
-    errors = config_errors(cfg)
+    errors = checkout_errors() + config_errors(cfg)
     if errors or cfg.mode != "train":
         return errors
     errors = saved_config_errors(cfg) if cfg.restart_behavior == "resume" else []  # else nothing is kept
@@ -1484,14 +1535,14 @@ class PolicyHyperparams:
     take over another policy's weights by naming it in copy_source and bumping copy_request.
     """
 
-    LEARNER_PARAMS = ["learning_rate", "exploration_loss_coeff", "adam_beta1"]
-
     def __init__(self, cfg, reward_shaping: dict[str, float] | None):
-        self.names = self.LEARNER_PARAMS + [f"reward/{name}" for name in (reward_shaping or {})]
+        # Adam's beta1 only where the optimizer has it
+        learner_params = ["learning_rate", "exploration_loss_coeff"] + ["adam_beta1"] * (cfg.optimizer == "adam")
+        self.names = learner_params + [f"reward/{name}" for name in (reward_shaping or {})]
         self.num_policies = cfg.num_policies
         self.buffer = appo_ipc.SharedBuffer(8 * cfg.num_policies * (len(self.names) + 3))
         self._make_views()
-        defaults = [getattr(cfg, name) for name in self.LEARNER_PARAMS] + list((reward_shaping or {}).values())
+        defaults = [getattr(cfg, name) for name in learner_params] + list((reward_shaping or {}).values())
         self.values[:] = defaults
         self.copy_source[:] = -1
 
@@ -1704,9 +1755,10 @@ def stop_fork_server():
         server._stop()
 
 
-def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
+def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False, stack_file: str | None = None):
     """Every child: a name that `ps`/`top` show (appo-<role>), die with the runner, leave Ctrl-C
-    to the runner, few threads.
+    to the runner, few threads; with `stack_file`, SIGUSR1 appends every thread's Python stack
+    there (the runner asks for it when the process falls silent).
 
     A process that owns envs gets its own process group, so that the runner can kill it together
     with the env processes it started (VizDoom runs one per env), and it hears of the runner's
@@ -1733,6 +1785,19 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False):
         server._forkserver_alive_fd = None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    if stack_file:
+        os.makedirs(os.path.dirname(stack_file), exist_ok=True)
+        global STACK_FILE  # faulthandler writes to its descriptor: it must stay open
+        STACK_FILE = open(stack_file, "a")
+        faulthandler.register(signal.SIGUSR1, file=STACK_FILE, all_threads=True)
+
+
+STACK_FILE = None
+
+
+def stack_path(cfg, process_index: int) -> str:
+    """Where a learner's or policy worker's Python stacks go when the runner asks (SIGUSR1)."""
+    return os.path.join(experiment_dir(cfg), "stacks", f"process_{process_index}.txt")
 
 
 def engine_log_path(cfg, owner: str) -> str:
@@ -2431,7 +2496,7 @@ class PolicyWorker:
 
 
 def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
-    child_process_setup("policy", cfg.policy_worker_threads)
+    child_process_setup("policy", cfg.policy_worker_threads, stack_file=stack_path(cfg, process_index))
     use_device(cfg.device)
     parent = os.getppid()
     worker = PolicyWorker(policy_id, cfg, shared, spaces_pair)
@@ -2595,8 +2660,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict):
     before 2026-11-28) would turn this fused Adam into one that refuses optimizer_step's
     `found_inf`. Loading with the group fused also moves Adam's step counts to the parameters'
     device, which fused Adam needs."""
-    fused = optimizer.defaults.get("fused")
-    optimizer.load_state_dict({**state, "param_groups": [{**group, "fused": fused} for group in state["param_groups"]]})
+    if "fused" in optimizer.defaults:
+        fused = optimizer.defaults["fused"]
+        state = {**state, "param_groups": [{**group, "fused": fused} for group in state["param_groups"]]}
+    optimizer.load_state_dict(state)
 
 
 class SegmentRNN:
@@ -2741,9 +2808,7 @@ class Learner:
         self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
         self.model = compiled_encoder(ActorCritic(*spaces_pair, cfg).to(self.device), cfg, fixed_shapes=True)
-        # fused: one kernel for the whole update, and it skips a non-finite step itself (optimizer_step)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate,
-                                          betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, fused=True)
+        self.optimizer = make_optimizer(self.model, cfg)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
             rnn_in_full_float32()
@@ -2991,7 +3056,7 @@ class Learner:
 
 
 def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
-    child_process_setup("learner", cfg.learner_threads)
+    child_process_setup("learner", cfg.learner_threads, stack_file=stack_path(cfg, process_index))
     use_device(cfg.device)
     try:
         Learner(policy_id, cfg, shared, spaces_pair).run(process_index)
@@ -3145,6 +3210,7 @@ class Stats:
         self.stage_shares: dict[tuple[str, str], float] = {}
         self.num_episodes = 0
         self.env_faults, self.restarts, self.skipped_steps = 0, 0, 0
+        self.silent: dict[str, float] = {}  # the Supervisor's silent learners: name -> seconds
 
     def consume(self, message: dict):
         kind = message.pop("type")
@@ -3274,11 +3340,16 @@ class Supervisor:
     # least this long before its first heartbeat whatever --env_step_timeout says, or on a loaded
     # machine a short timeout restarts healthy workers as they start, again and again.
     START_UP_S = 60.0
+    # A learner beats between steps and while it waits for a batch, and a step can be long (the first
+    # compiles under --compile; a checkpoint is written between steps): silent this long, it is hung.
+    # At half of it the runner warns, with its stack. Its state cannot be restarted: the run stops.
+    LEARNER_SILENCE_S = 300.0
 
     def __init__(self, cfg, shared: Shared, children: list[Child], context):
         self.cfg, self.shared, self.children, self.context = cfg, shared, children, context
         self.recent_restarts: deque = deque()
         self.num_restarts = 0
+        self.silent: dict[str, float] = {}  # learners silent past half their allowance, shown on the status line
 
     def start_all(self):
         for child in self.children:
@@ -3293,13 +3364,25 @@ class Supervisor:
                 silent_s = (now_ns - beat) / 1e9
                 allowed_s = (max(self.cfg.env_step_timeout, self.START_UP_S) if beat == child.started_ns
                              else self.cfg.env_step_timeout)
-                if child.kind == "learner" or silent_s < allowed_s:
+                if child.kind == "learner":
+                    allowed_s = max(self.cfg.env_step_timeout, self.LEARNER_SILENCE_S)
+                    if silent_s < allowed_s / 2:
+                        self.silent.pop(child.name, None)
+                        continue
+                    if child.name not in self.silent:
+                        print(f"warning: {child.name} (pid {child.process.pid}) has sent no heartbeat for "
+                              f"{silent_s:.0f} s, inside one step; the run stops if it stays silent for "
+                              f"{allowed_s:.0f} s. Its Python stack: {self.stack(child)}", flush=True)
+                    self.silent[child.name] = silent_s
+                if silent_s < allowed_s:
                     continue
-                problem = f"sent no heartbeat for {silent_s:.0f} s (--env_step_timeout {self.cfg.env_step_timeout:g})"
+                problem = f"sent no heartbeat for {silent_s:.0f} s " + (
+                    "(hung)" if child.kind == "learner" else f"(--env_step_timeout {self.cfg.env_step_timeout:g})")
+                stack = f"; its Python stack: {self.stack(child)}" if child.kind != "rollout worker" else ""
             else:
-                problem = f"died (exit code {child.process.exitcode})"
+                problem, stack = f"died (exit code {child.process.exitcode})", ""
             if child.kind == "learner":
-                return f"{child.name} {problem}; its last checkpoint is in {checkpoint_dir(self.cfg, child.args[0])}"
+                return f"{child.name} {problem}; its last checkpoint is in {checkpoint_dir(self.cfg, child.args[0])}{stack}"
             now = time.monotonic()
             self.recent_restarts.append(now)
             while self.recent_restarts[0] < now - self.RESTART_WINDOW_S:
@@ -3309,7 +3392,7 @@ class Supervisor:
                         f"{self.RESTART_WINDOW_S / 60:.0f} minutes, giving up (see the warnings above for causes)")
             engine_log = (f"; its envs' engine output is in {engine_log_path(self.cfg, f'rollout_worker_{child.worker_id}')}"
                           if child.kind == "rollout worker" else "")
-            print(f"warning: {child.name} {problem}; restarting it{engine_log}", flush=True)
+            print(f"warning: {child.name} {problem}; restarting it{engine_log}{stack}", flush=True)
             if not self.restart(child):
                 return f"{child.name} {problem} and is still alive after SIGKILL (stuck in the kernel?)"
         return None
@@ -3317,6 +3400,24 @@ class Supervisor:
     def stop(self):
         shutdown(self.shared, self.children)
         stop_fork_server()
+
+    def stack(self, child: Child, wait_s: float = 2.0) -> str:
+        """A learner's or policy worker's Python stack, every thread (faulthandler on SIGUSR1, see
+        child_process_setup), or why there is none."""
+        path, pid = stack_path(self.cfg, child.index), child.process.pid
+        written = os.path.getsize(path) if os.path.exists(path) else 0
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            if os.path.exists(path) and os.path.getsize(path) > written:
+                time.sleep(0.2)  # the rest of it
+                with open(path) as f:
+                    f.seek(written)
+                    return f"(also in {path})\n" + f.read().rstrip()
+        return (f"none within {wait_s:g} s (a stopped process, or one stuck outside Python: py-spy dump --pid {pid} "
+                "reads it where py-spy is installed)")
 
     def restart(self, child: Child) -> bool:
         """Ends the child, frees what it held, starts it again; False if it would not end (then
@@ -3341,7 +3442,8 @@ class SerialRun:
     same code as the parallel run minus the processes: a debugger stops anywhere in it, and with
     --seed two runs take the same steps. It stands in for the Supervisor (start_all, check, stop)."""
 
-    num_restarts = 0  # nothing runs apart, so nothing is restarted
+    num_restarts = 0  # nothing runs apart, so nothing is restarted or falls silent
+    silent: dict[str, float] = {}
 
     def __init__(self, cfg, shared: Shared, spaces_pair):
         # Engine output stays on the terminal here: a debugger writes through the file descriptor
@@ -3420,6 +3522,8 @@ def status_line(cfg, stats: Stats, shared: Shared, elapsed: float) -> str:
     skipped = sum(learner.get("skipped_steps", 0) for learner in stats.learner)
     if stats.env_faults or stats.restarts or skipped:
         parts.append(f"faults: env {stats.env_faults} restarts {stats.restarts} skipped steps {skipped}")
+    if stats.silent:
+        parts.append("silent " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in stats.silent.items()))
     budget = progress(cfg, stats, shared, elapsed)
     if budget:
         parts.append(budget)
@@ -3612,7 +3716,7 @@ def run_training(cfg, watch) -> TrainResult:
         print_errors(errors)
         return TrainResult(exit_code=2)
     model = ActorCritic(*probe.spaces, cfg)
-    errors = acting_errors(model, probe.spaces[0], cfg)
+    errors = acting_errors(model, probe.spaces[0], cfg) + optimizer_errors(model, cfg)
     if errors:
         print_errors(errors)
         return TrainResult(exit_code=2)
@@ -3651,7 +3755,7 @@ def run_training(cfg, watch) -> TrainResult:
                 print(f"error: {stop_reason}; stopping", flush=True)
                 run.exit_code = 1
                 break
-            run.stats.restarts = workers.num_restarts
+            run.stats.restarts, run.stats.silent = workers.num_restarts, workers.silent
             if watch is not None:
                 watch(shared, workers, run.stats)
             for extra in extras:
@@ -4262,7 +4366,9 @@ def follow_population(learner: Learner):
         row = hyperparams.row(learner.policy_id)
         learner.cfg.learning_rate, learner.cfg.exploration_loss_coeff = row["learning_rate"], row["exploration_loss_coeff"]
         for group in learner.optimizer.param_groups:
-            group["lr"], group["betas"] = row["learning_rate"], (row["adam_beta1"], learner.cfg.adam_beta2)
+            group["lr"] = row["learning_rate"]
+            if "adam_beta1" in row:
+                group["betas"] = (row["adam_beta1"], learner.cfg.adam_beta2)
 
 
 def refresh_past_opponent(cfg, shared: Shared, model: ActorCritic, rng: random.Random) -> str | None:

@@ -11,6 +11,8 @@ instance the trainer makes to replace it behaves). Kinds:
   nan    every reward from then on is NaN
 and one fault of the learner, diskfull:N: after its Nth checkpoint the learner's process may
 write no file larger than 64 KiB (RLIMIT_FSIZE), as on a full disk, so every later save fails.
+`learnersilence:S` is no fault but a shorter allowance: the runner takes a learner silent for S
+seconds as hung (Supervisor.LEARNER_SILENCE_S, 300 s in a run), so that a test can stop one.
 The env is registered and the learner's save patched at import time, so the spawned processes
 have them too.
 """
@@ -33,7 +35,7 @@ def parse_faults(spec: str) -> list[tuple[str, int, int]]:
     """The env faults, kind:env_index:step each."""
     faults = []
     for item in filter(None, spec.split(",")):
-        if not item.startswith("diskfull:"):
+        if not item.startswith(("diskfull:", "learnersilence:")):
             kind, env_index, step = item.split(":")
             faults.append((kind, int(env_index), int(step)))
     return faults
@@ -122,6 +124,8 @@ envs.register_env("doom_faulty", make_faulty_env)
 for fault in os.environ.get("APPO_FAULTS", "").split(","):
     if fault.startswith("diskfull:"):
         fill_the_disk_after(int(fault.split(":")[1]))
+    elif fault.startswith("learnersilence:"):
+        appo.Supervisor.LEARNER_SILENCE_S = float(fault.split(":")[1])
 
 if __name__ == "__main__":
     sys.exit(appo.main())

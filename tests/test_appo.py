@@ -888,12 +888,17 @@ def test_a_learner_step_reads_once_and_only_to_publish(tmp_path, monkeypatch, wi
     assert len(cell_steps) == (0 if with_vtrace else 2)  # the loop would step it 7 times a minibatch
 
 
-def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path):
-    """Fused Adam's found_inf skips it, on the CPU as on a GPU, reading nothing back."""
-    cfg = small_cfg(train_dir=str(tmp_path))
+@pytest.mark.parametrize("optimizer", ["adam", "sgd", "rmsprop"])
+def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_the_optimizer_alone(tmp_path, optimizer):
+    """Every --optimizer trains, and skips a non-finite step: fused Adam's and SGD's found_inf, on
+    the CPU as on a GPU, reading nothing back; RMSprop (no fused form in torch) by reading the flag."""
+    cfg = small_cfg(train_dir=str(tmp_path), optimizer=optimizer, momentum=0.9, learning_rate=1e-3)
     learner = learner_with_weights(cfg)
+    assert type(learner.optimizer).__name__.lower() == optimizer
     good = fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4)
+    initial = {name: value.clone() for name, value in learner.model.named_parameters()}
     learner.sgd_step(good)
+    assert any(not torch.equal(value, initial[name]) for name, value in learner.model.named_parameters())
     weights = {name: value.clone() for name, value in learner.model.named_parameters()}
     adam = copy.deepcopy(learner.optimizer.state_dict()["state"])
     bad = dict(good, reward=torch.full_like(good["reward"], float("inf")))
@@ -905,6 +910,28 @@ def test_a_nonfinite_step_is_skipped_leaving_the_weights_and_adam_alone(tmp_path
         for key, value in moments.items():
             assert torch.equal(value, adam[index][key]), (index, key)
     assert learner.sgd_step(good)["skipped_steps"] == 1  # a finite step trains again
+    assert any(not torch.equal(value, weights[name]) for name, value in learner.model.named_parameters())
+
+
+def test_an_optimizer_is_checked_before_the_run_kept_across_a_resume_and_pbt_leaves_adams_betas_to_adam(
+        tmp_path, monkeypatch):
+    """make_optimizer is a forker's edit: one whose step needs a closure (LBFGS) is one line before
+    anything starts; a resume with another --optimizer is one line (its state would not load), while a
+    config.json from before the flag resumes as Adam's; PBT's rows carry Adam's beta1 only for Adam."""
+    cfg = small_cfg(train_dir=str(tmp_path))
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    assert appo.optimizer_errors(model, cfg) == []
+    monkeypatch.setattr(appo, "make_optimizer", lambda model, cfg: torch.optim.LBFGS(model.parameters()))
+    assert "LBFGS.step needs a closure" in appo.optimizer_errors(model, cfg)[0]
+    monkeypatch.undo()
+    folder = tmp_path / cfg.experiment
+    folder.mkdir()
+    (folder / "config.json").write_text('{"env": "%s", "num_policies": 1}' % cfg.env)  # before --optimizer
+    assert appo.saved_config_errors(cfg) == []
+    sgd = small_cfg(train_dir=str(tmp_path), optimizer="sgd")
+    assert "--optimizer sgd conflicts with adam saved in" in appo.saved_config_errors(sgd)[0]
+    assert "adam_beta1" in appo.PolicyHyperparams(cfg, None).names
+    assert appo.PolicyHyperparams(sgd, None).names == ["learning_rate", "exploration_loss_coeff"]
 
 
 def test_a_learner_starts_from_the_weights_published_as_version_0(tmp_path):
