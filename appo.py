@@ -260,47 +260,8 @@ class DiagonalGaussian:
         return (self.split(logits)[1] + 0.5 * float(np.log(2 * np.pi * np.e))).sum(-1)
 
 
-class MixedHeads:
-    """A Tuple or Dict with discrete and continuous parts: the heads of every discrete part in one
-    Categoricals, the dimensions of every Box in one DiagonalGaussian; log-probabilities and
-    entropies are summed over both. Its logits are the categoricals' then the Gaussian's (means,
-    log-stds); an action is the heads' choices then the continuous values, all float32, since a
-    slot field has one dtype (choices are exact in float32 up to 2**24)."""
-
-    action_dtype = np.dtype(np.float32)
-
-    def __init__(self, discrete: Categoricals, continuous: DiagonalGaussian):
-        self.discrete, self.continuous = discrete, continuous
-        self.num_outputs = discrete.num_outputs + continuous.num_outputs
-        self.num_log_stds = continuous.num_log_stds
-        self.num_params = discrete.num_params + continuous.num_params  # the width of "logits"
-        self.action_shape = (len(discrete.head_sizes) + continuous.dim,)
-
-    def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return logits[..., :self.discrete.num_outputs], logits[..., self.discrete.num_outputs:]
-
-    def split_actions(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        heads = len(self.discrete.head_sizes)
-        return actions[..., :heads].long(), actions[..., heads:]
-
-    def sample(self, logits: torch.Tensor) -> torch.Tensor:
-        discrete, continuous = self.split(logits)
-        return torch.cat([self.discrete.sample(discrete).float(), self.continuous.sample(continuous)], dim=-1)
-
-    def mode(self, logits: torch.Tensor) -> torch.Tensor:
-        discrete, continuous = self.split(logits)
-        return torch.cat([self.discrete.mode(discrete).float(), self.continuous.mode(continuous)], dim=-1)
-
-    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        (discrete, continuous), (choices, values) = self.split(logits), self.split_actions(actions)
-        return self.discrete.log_prob(discrete, choices) + self.continuous.log_prob(continuous, values)
-
-    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
-        discrete, continuous = self.split(logits)
-        return self.discrete.entropy(discrete) + self.continuous.entropy(continuous)
-
-
-ActionDistribution = Categoricals | DiagonalGaussian | MixedHeads
+# MixedHeads, both kinds side by side for a Tuple or Dict that mixes them, is with the action spaces'
+# parsing (PLUMBING: rollout worker)
 
 
 # PettingZoo's convention: an observation key whose entries are 1 for the actions allowed now and
@@ -447,10 +408,13 @@ CONV_ENCODERS = {  # --encoder's choices and help come from here
 
 def register_encoder(name: str, build: Callable[[int], nn.Module], activation: type[nn.Module] = nn.ReLU,
                      about: str = "a registered encoder"):
-    """Adds an image encoder that --encoder NAME then offers: `build(channels)` returns a module that
-    ends in a flat feature vector (as impala_resnet does). Call it at import time in your launcher,
-    beside env.register_env, so that the worker processes, which run the launcher too, register it as well;
-    run its evaluation with the same launcher (a run's last line names it)."""
+    """Adds an image encoder that --encoder NAME then offers. `build(channels)` returns a module
+    that takes images [N, C, H, W] scaled to [0, 1] (or normalised, --normalize_input), in
+    channels-last memory (so reshape, not view) and in bfloat16 with --encoder_dtype bfloat16 (it
+    runs under autocast; its weights stay float32), and returns flat features [N, F] (end in
+    nn.Flatten(), as impala_resnet does). Call it at import time in your launcher, beside
+    env.register_env, so that the worker processes, which run the launcher too, register it as
+    well; run its evaluation with the same launcher (a run's last line names it)."""
     CONV_ENCODERS[name] = ConvEncoder(build, activation, about)
 
 
@@ -470,7 +434,9 @@ class ActorCritic(nn.Module):
     - encoders: keyed by the observations the slots hold (obs_shapes' keys); the action mask's
       entry is an nn.Identity that encode() skips. With fc, the layers a policy worker holds in
       --encoder_dtype (encoder_in_compute_dtype).
-    - action_dist: the distribution over policy_head's output (sample, mode, log_prob, entropy).
+    - action_dist: the distribution over policy_head's output (sample, mode, log_prob, entropy;
+      num_params wide). core: the recurrent cell, which core_step calls (a cell of yours trains as
+      it is; SegmentRNN runs torch's own over whole rollouts, where it computes the same).
     - rnn_state_size(cfg): the floats of recurrent state per env that the slots carry.
     - update_normalizers(obs): the learner, once per batch; normalize_returns, returns_normalizer
       and values_to_returns: the losses, with --normalize_returns.
@@ -1987,6 +1953,49 @@ def continuous_dims(part: spaces.Space) -> int:
     return int(np.prod(part.shape)) if isinstance(part, spaces.Box) else 0
 
 
+class MixedHeads:
+    """A Tuple or Dict with discrete and continuous parts: the heads of every discrete part in one
+    Categoricals, the dimensions of every Box in one DiagonalGaussian; log-probabilities and
+    entropies are summed over both. Its logits are the categoricals' then the Gaussian's (means,
+    log-stds); an action is the heads' choices then the continuous values, all float32, since a
+    slot field has one dtype (choices are exact in float32 up to 2**24)."""
+
+    action_dtype = np.dtype(np.float32)
+
+    def __init__(self, discrete: Categoricals, continuous: DiagonalGaussian):
+        self.discrete, self.continuous = discrete, continuous
+        self.num_outputs = discrete.num_outputs + continuous.num_outputs
+        self.num_log_stds = continuous.num_log_stds
+        self.num_params = discrete.num_params + continuous.num_params  # the width of "logits"
+        self.action_shape = (len(discrete.head_sizes) + continuous.dim,)
+
+    def split(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return logits[..., :self.discrete.num_outputs], logits[..., self.discrete.num_outputs:]
+
+    def split_actions(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        heads = len(self.discrete.head_sizes)
+        return actions[..., :heads].long(), actions[..., heads:]
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        discrete, continuous = self.split(logits)
+        return torch.cat([self.discrete.sample(discrete).float(), self.continuous.sample(continuous)], dim=-1)
+
+    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+        discrete, continuous = self.split(logits)
+        return torch.cat([self.discrete.mode(discrete).float(), self.continuous.mode(continuous)], dim=-1)
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        (discrete, continuous), (choices, values) = self.split(logits), self.split_actions(actions)
+        return self.discrete.log_prob(discrete, choices) + self.continuous.log_prob(continuous, values)
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        discrete, continuous = self.split(logits)
+        return self.discrete.entropy(discrete) + self.continuous.entropy(continuous)
+
+
+ActionDistribution = Categoricals | DiagonalGaussian | MixedHeads
+
+
 def discrete_logits(action_dist: ActionDistribution) -> int:
     """How many of the logits are categorical: they come first in every distribution."""
     if isinstance(action_dist, MixedHeads):
@@ -2720,10 +2729,10 @@ class SegmentRNN:
 
     @staticmethod
     def path(model: nn.Module) -> str:
-        """What trains the model's recurrent core, in words (the run's second line)."""
+        """What trains the model's recurrent core, in words (a line at the run's start)."""
         if SegmentRNN.for_model(model) is not None:
             return f"{'nn.LSTM' if type(model.core) is nn.LSTMCell else 'nn.GRU'} over episode segments (SegmentRNN)"
-        return "the model's own core_over_rollout" if hasattr(model, "core") else "no recurrent core"
+        return "the model's own core_over_rollout (a loop of core_step)" if hasattr(model, "core") else "none"
 
     def use(self, dones: torch.Tensor, dones_host: np.ndarray | None):
         """The next batch's dones [T+1, B], on the device and their host copy (None: loop)."""
@@ -3720,8 +3729,6 @@ def run_training(cfg, watch) -> TrainResult:
     if errors:
         print_errors(errors)
         return TrainResult(exit_code=2)
-    if cfg.rank == 0:
-        print(f"the learner trains the recurrent core with {SegmentRNN.path(model)}", flush=True)
     shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
     if cfg.serial_mode:
         workers = SerialRun(cfg, shared, probe.spaces)
@@ -3737,6 +3744,7 @@ def run_training(cfg, watch) -> TrainResult:
         for extra in EXTRAS:
             extras.append(extra(run))
         if cfg.rank == 0:  # under torchrun, rank 0 writes config, summaries and checkpoints
+            print(f"the learner's recurrent core: {SegmentRNN.path(model)}", flush=True)
             save_config(cfg)
         run.start = last_report = time.monotonic()
         workers.start_all()

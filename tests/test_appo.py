@@ -570,7 +570,7 @@ def test_a_learner_trains_a_model_without_a_recurrent_core_or_core_over_rollout(
     monkeypatch.setattr(appo, "ActorCritic", NoCore)
     learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
     assert learner.segments is None and not hasattr(learner.model, "core_over_rollout")
-    assert appo.SegmentRNN.path(learner.model) == "no recurrent core"
+    assert appo.SegmentRNN.path(learner.model) == "none"
     assert learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))["skipped_steps"] == 0
 
 
