@@ -95,6 +95,13 @@ def add_research_flags(parser: argparse.ArgumentParser):
                             f"({encoder_activations()})")
     model.add_argument("--normalize_input", action="switch", default=False,
                        help="normalise each observation element by its running mean and std")
+    model.add_argument("--actor_critic_share_weights", action="switch", default=True,
+                       help="one encoder and FC for policy and value; off: the value gets its own (Sample Factory's "
+                            "name; with --rnn_type none)")
+    positive(model.add_argument("--initial_stddev", type=float, default=1.0,
+                                help="the starting standard deviation of continuous (Box) actions (Sample Factory's name)"))
+    positive(model.add_argument("--policy_head_gain", type=float, default=1.0,
+                                help="the orthogonal gain of the policy head's weights (see ActorCritic.initialize)"))
 
     algo = parser.add_argument_group("algorithm")
     positive(algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)"))
@@ -174,7 +181,7 @@ def make_env(cfg, env_index: int, render_mode: str | None = None) -> Agents:
 
 # Flags that fix the shape of the model (and what its buffers mean).
 MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonlinearity", "normalize_input",
-               "normalize_returns", *envs.model_flags()]  # and env families' flags that change what the model sees
+               "normalize_returns", "actor_critic_share_weights", *envs.model_flags()]  # and env families' flags that change what the model sees
 
 
 class Categoricals:
@@ -453,28 +460,7 @@ class ActorCritic(nn.Module):
         if mask_error:
             raise ValueError(mask_error)
         self.masks_actions = ACTION_MASK in obs_shapes(obs_space)
-        self.encoders = nn.ModuleDict()
-        features = 0
-        image_encoder, activation, _ = CONV_ENCODERS[cfg.encoder]
-        if cfg.nonlinearity != "auto":
-            activation = NONLINEARITIES[cfg.nonlinearity]
-        for key, (shape, _) in obs_shapes(obs_space).items():
-            if key == ACTION_MASK:
-                self.encoders[key] = nn.Identity()
-            elif len(shape) == 3:
-                self.encoders[key] = image_encoder(shape[0])
-                with torch.no_grad():
-                    features += self.encoders[key](torch.zeros(1, *shape)).shape[1]
-            elif len(shape) == 1:
-                layers, width = [], shape[0]
-                for out_width in cfg.encoder_mlp_layers:
-                    layers += [nn.Linear(width, out_width), activation()]
-                    width = out_width
-                self.encoders[key] = nn.Sequential(*layers)
-                features += width
-            else:
-                raise ValueError(f"observation '{key}' of shape {shape}: expected an image (C, H, W) or a vector")
-        self.fc = nn.Sequential(nn.Linear(features, cfg.hidden_size), activation())
+        self.encoders, self.fc = self.trunk(obs_space, cfg)
         self.normalize_input = cfg.normalize_input
         self.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
         self.obs_normalizers = nn.ModuleDict({key: RunningNormalizer(shape) for key, (shape, _)
@@ -487,24 +473,53 @@ class ActorCritic(nn.Module):
             self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
         self.policy_head = nn.Linear(cfg.hidden_size, self.action_dist.num_outputs)
         if self.action_dist.num_log_stds:
-            self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.num_log_stds))  # std 1 at the start
+            self.action_log_std = nn.Parameter(torch.full((self.action_dist.num_log_stds,), np.log(cfg.initial_stddev)))
         self.value_head = nn.Linear(cfg.hidden_size, 1)
+        self.shares_weights, self.policy_head_gain = cfg.actor_critic_share_weights, cfg.policy_head_gain
+        if not self.shares_weights:  # the value's own encoder and FC; the policy's drive the core
+            self.critic_encoders, self.critic_fc = self.trunk(obs_space, cfg)
         self.initialize()
         self.to(memory_format=torch.channels_last)  # conv weights only: oneDNN's fast layout on CPU
 
+    def trunk(self, obs_space: spaces.Space, cfg) -> tuple[nn.ModuleDict, nn.Sequential]:
+        """An encoder per observation key (conv net, MLP, or nothing for an action mask) and the FC
+        over their features side by side."""
+        encoders, features = nn.ModuleDict(), 0
+        image_encoder, activation, _ = CONV_ENCODERS[cfg.encoder]
+        if cfg.nonlinearity != "auto":
+            activation = NONLINEARITIES[cfg.nonlinearity]
+        for key, (shape, _) in obs_shapes(obs_space).items():
+            if key == ACTION_MASK:
+                encoders[key] = nn.Identity()
+            elif len(shape) == 3:
+                encoders[key] = image_encoder(shape[0])
+                with torch.no_grad():
+                    features += encoders[key](torch.zeros(1, *shape)).shape[1]
+            elif len(shape) == 1:
+                layers, width = [], shape[0]
+                for out_width in cfg.encoder_mlp_layers:
+                    layers += [nn.Linear(width, out_width), activation()]
+                    width = out_width
+                encoders[key] = nn.Sequential(*layers)
+                features += width
+            else:
+                raise ValueError(f"observation '{key}' of shape {shape}: expected an image (C, H, W) or a vector")
+        return encoders, nn.Sequential(nn.Linear(features, cfg.hidden_size), activation())
+
     def initialize(self):
-        """Orthogonal weights with gain 1 and zero biases everywhere, heads included.
+        """Orthogonal weights with gain 1 (the policy head's: --policy_head_gain) and zero biases.
 
         A tiny policy head (gain 0.01, common in PPO code) starves the encoder and the RNN of
         policy gradient early on: on doom_basic it delayed learning by a few hundred thousand frames.
         """
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
-                nn.init.orthogonal_(module.weight, gain=1.0)
+                nn.init.orthogonal_(module.weight, gain=self.policy_head_gain if module is self.policy_head else 1.0)
                 nn.init.zeros_(module.bias)
 
-    def encode(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Observations -> float32 features [N, hidden_size].
+    def encode(self, obs: dict[str, torch.Tensor], critic: bool = False) -> torch.Tensor:
+        """Observations -> float32 features [N, hidden_size] (the value's own, `critic`, where the
+        two do not share weights).
 
         With --encoder_dtype bfloat16 the convs and the FC run under autocast, much cheaper where
         the hardware computes bfloat16 natively, and the weights, their gradients and everything
@@ -512,8 +527,9 @@ class ActorCritic(nn.Module):
         """
         features = []
         device_type = next(iter(obs.values())).device.type
+        encoders, fc = (self.critic_encoders, self.critic_fc) if critic else (self.encoders, self.fc)
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.encoder_dtype == torch.bfloat16):
-            for key, encoder in self.encoders.items():
+            for key, encoder in encoders.items():
                 if key == ACTION_MASK:
                     continue
                 scale = 1.0 / 255.0 if obs[key].dtype == torch.uint8 else 1.0
@@ -523,7 +539,7 @@ class ActorCritic(nn.Module):
                 elif scale != 1.0:
                     x.mul_(scale)
                 features.append(encoder(x))
-            features = self.fc(torch.cat(features, dim=1))
+            features = fc(torch.cat(features, dim=1))
         return features.float()
 
     def update_normalizers(self, obs: dict[str, torch.Tensor], max_samples: int = 256):
@@ -575,13 +591,16 @@ class ActorCritic(nn.Module):
     def forward(self, obs: dict[str, torch.Tensor], rnn_state: torch.Tensor):
         """One step for a batch: (action logits, value, next RNN state)."""
         core_out, next_state = self.core_step(self.encode(obs), rnn_state)
-        return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1), next_state
+        critic = core_out if self.shares_weights else self.encode(obs, critic=True)
+        return self.mask_logits(self.action_logits(core_out), obs), self.value_head(critic).squeeze(-1), next_state
 
     def forward_rollout(self, obs: dict[str, torch.Tensor], first_rnn_state: torch.Tensor, dones: torch.Tensor):
         """A whole rollout: obs [T, B, ...], dones [T, B] -> logits [T, B, A], values [T, B]."""
-        features = self.encode({key: trajectory_major(value) for key, value in obs.items()})
-        core_out = self.core_over_rollout(features, first_rnn_state, dones)
-        return self.mask_logits(self.action_logits(core_out), obs), self.value_head(core_out).squeeze(-1)
+        obs_rows = {key: trajectory_major(value) for key, value in obs.items()}
+        core_out = self.core_over_rollout(self.encode(obs_rows), first_rnn_state, dones)
+        critic = core_out if self.shares_weights else self.core_over_rollout(self.encode(obs_rows, critic=True),
+                                                                              first_rnn_state, dones)
+        return self.mask_logits(self.action_logits(core_out), obs), self.value_head(critic).squeeze(-1)
 
     def core_over_rollout(self, features: torch.Tensor, first_rnn_state: torch.Tensor,
                           dones: torch.Tensor) -> torch.Tensor:
@@ -1201,6 +1220,9 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
             errors.append(f"--{action.dest} must be 0 or more, got {value}")
     if any(width <= 0 for width in cfg.encoder_mlp_layers):
         errors.append(f"--encoder_mlp_layers must be positive widths, got {' '.join(map(str, cfg.encoder_mlp_layers))}")
+    if not cfg.actor_critic_share_weights and cfg.rnn_type != "none":
+        errors.append(f"--no-actor_critic_share_weights gives the value an encoder and FC of its own, not a recurrent "
+                      f"core: use it with --rnn_type none (got {cfg.rnn_type})")
     if not 0 <= cfg.gae_lambda <= 1:
         errors.append(f"--gae_lambda must be in [0, 1], got {cfg.gae_lambda}")
     for flag in ["adam_beta1", "adam_beta2"]:
@@ -1449,8 +1471,9 @@ def encoder_in_compute_dtype(model: "ActorCritic") -> "ActorCritic":
     """Policy workers only (they never train): the encoder's weights held in bfloat16 when it
     computes in bfloat16, so autocast does not convert them again at every forward pass."""
     if model.encoder_dtype != torch.float32:
-        model.encoders.to(model.encoder_dtype)
-        model.fc.to(model.encoder_dtype)
+        for trunk in ("encoders", "fc", "critic_encoders", "critic_fc"):
+            if hasattr(model, trunk):
+                getattr(model, trunk).to(model.encoder_dtype)
     return model
 
 

@@ -1798,3 +1798,55 @@ def test_the_status_line_of_many_policies_shows_their_aggregate_at_a_bounded_wid
     assert "avg return best 14.50 (p7) median 7.50, objective best 0.25 (p0) median 0.25 | busy" in duels, duels
     assert appo.policies_line(appo.parse_args(["--num_policies", "8"])).endswith("TensorBoard under p0/ to p7/")
     assert appo.policies_line(appo.parse_args(["--num_policies", "2"])) is None
+
+
+def test_the_initial_std_and_the_policy_heads_gain_are_flags_and_their_defaults_keep_todays_init():
+    """--initial_stddev (Sample Factory's name) starts a Box head's std there; --policy_head_gain is the
+    orthogonal gain of the policy head's weights alone (every singular value equals it); at their
+    defaults the model is today's, drawn from the same seed to the bit."""
+    box = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    obs_space = spaces.Box(-np.inf, np.inf, (5,), np.float32)
+    torch.manual_seed(0)
+    model = appo.ActorCritic(obs_space, box, small_cfg(rnn_type="none", initial_stddev=0.6, policy_head_gain=0.01))
+    torch.testing.assert_close(model.action_log_std.exp(), torch.full((3,), 0.6))
+    torch.testing.assert_close(torch.linalg.svdvals(model.policy_head.weight), torch.full((3,), 0.01))
+    torch.testing.assert_close(torch.linalg.svdvals(model.value_head.weight), torch.ones(1))
+    torch.manual_seed(0)
+    default = appo.ActorCritic(obs_space, box, small_cfg(rnn_type="none"))
+    torch.manual_seed(0)
+    gain_one = appo.ActorCritic(obs_space, box, small_cfg(rnn_type="none", initial_stddev=1.0, policy_head_gain=1.0))
+    assert torch.equal(default.action_log_std, torch.zeros(3))
+    for (name, ours), (_, same) in zip(default.state_dict().items(), gain_one.state_dict().items(), strict=True):
+        assert torch.equal(ours, same), name
+    torch.testing.assert_close(torch.linalg.svdvals(default.policy_head.weight), torch.ones(3))
+
+
+def test_without_shared_weights_the_value_has_its_own_encoder_and_fc_and_the_policy_none_of_its_gradient(tmp_path):
+    """--no-actor_critic_share_weights (Sample Factory's name): the value reads the observations
+    through an encoder and FC of its own, so the value loss moves only those and the value head,
+    and the policy's logits do not depend on them; the step and the rollout paths agree, and a
+    learner trains on it. With a recurrent core it is one line before anything starts."""
+    torch.manual_seed(3)
+    cfg = small_cfg(train_dir=str(tmp_path), rnn_type="none", actor_critic_share_weights=False)
+    model = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)
+    names = [name for name, _ in model.named_parameters()]
+    assert any(name.startswith("critic_encoders.obs.") for name in names) and "critic_fc.0.weight" in names
+    obs = random_obs(IMAGE_AND_VECTOR, (4, 3))
+    logits, values = model.forward_rollout(obs, torch.zeros(3, 1), torch.zeros(4, 3))
+    policy_grads = torch.autograd.grad(values.sum(), [p for n, p in model.named_parameters()
+                                                      if n.startswith(("encoders", "fc", "policy_head"))],
+                                       allow_unused=True)
+    assert all(grad is None or not grad.any() for grad in policy_grads)
+    critic_grads = torch.autograd.grad(logits.sum(), [p for n, p in model.named_parameters()
+                                                      if n.startswith(("critic_", "value_head"))], allow_unused=True)
+    assert all(grad is None or not grad.any() for grad in critic_grads)
+    step_logits, step_values, _ = model({key: value[1] for key, value in obs.items()}, torch.zeros(3, 1))
+    torch.testing.assert_close(step_logits, logits[1])
+    torch.testing.assert_close(step_values, values[1])
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
+    before = learner.model.critic_fc[0].weight.detach().clone()
+    assert learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))["skipped_steps"] == 0
+    assert not torch.equal(learner.model.critic_fc[0].weight, before)
+    errors = appo.config_errors(small_cfg(actor_critic_share_weights=False, rnn_type="gru"))
+    assert any("--no-actor_critic_share_weights" in error and "--rnn_type none" in error for error in errors)
+    assert "actor_critic_share_weights" in appo.MODEL_FLAGS  # a resume or an evaluation keeps it

@@ -136,7 +136,8 @@ def test_device_auto_is_the_gpu_when_torch_sees_one(monkeypatch):
 
 # The lines a training run prints itself: its first line, status lines, and its warnings and errors.
 TRAINER_LINE = re.compile(r"^(training \S+ on \S+ with \d+ processes in .*; follow it with tensorboard --logdir .*"
-                          r"|defaults of the .*: --.*|\[ *\d+s\] frames .*|(warning|error): .*|stop requested: .*"
+                          r"|defaults of the .*: --.*|the learner's recurrent core: .*|\[ *\d+s\] frames .*"
+                          r"|(warning|error): .*|stop requested: .*"
                           r"|done: [\d,]+ frames trained in .*|watch it play: python appo.py --mode eval .*)$")
 
 
