@@ -96,12 +96,12 @@ def add_research_flags(parser: argparse.ArgumentParser):
     model.add_argument("--normalize_input", action="switch", default=False,
                        help="normalise each observation element by its running mean and std")
     model.add_argument("--actor_critic_share_weights", action="switch", default=True,
-                       help="one encoder and FC for policy and value; off: the value gets its own (Sample Factory's "
-                            "name; with --rnn_type none)")
+                       help="one encoder and FC for policy and value; off: the value gets its own (Sample "
+                            "Factory's name; with --rnn_type none)")
     positive(model.add_argument("--initial_stddev", type=float, default=1.0,
-                                help="the starting standard deviation of continuous (Box) actions (Sample Factory's name)"))
+                                help="the starting std of continuous (Box) actions (Sample Factory's name)"))
     positive(model.add_argument("--policy_head_gain", type=float, default=1.0,
-                                help="the orthogonal gain of the policy head's weights (see ActorCritic.initialize)"))
+                                help="the orthogonal gain of the policy head's weights (ActorCritic.initialize)"))
 
     algo = parser.add_argument_group("algorithm")
     positive(algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)"))
@@ -179,9 +179,9 @@ def make_env(cfg, env_index: int, render_mode: str | None = None) -> Agents:
 # ALGO LOGIC (edit here): the model
 # =============================================================================================
 
-# Flags that fix the shape of the model (and what its buffers mean).
+# Flags that fix the model's shape (and its buffers' meaning), and env families' that change what it sees.
 MODEL_FLAGS = ["hidden_size", "rnn_type", "encoder", "encoder_mlp_layers", "nonlinearity", "normalize_input",
-               "normalize_returns", "actor_critic_share_weights", *envs.model_flags()]  # and env families' flags that change what the model sees
+               "normalize_returns", "actor_critic_share_weights", *envs.model_flags()]
 
 
 class Categoricals:
@@ -473,7 +473,7 @@ class ActorCritic(nn.Module):
             self.core = nn.LSTMCell(cfg.hidden_size, cfg.hidden_size)
         self.policy_head = nn.Linear(cfg.hidden_size, self.action_dist.num_outputs)
         if self.action_dist.num_log_stds:
-            self.action_log_std = nn.Parameter(torch.full((self.action_dist.num_log_stds,), np.log(cfg.initial_stddev)))
+            self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.num_log_stds) + np.log(cfg.initial_stddev))
         self.value_head = nn.Linear(cfg.hidden_size, 1)
         self.shares_weights, self.policy_head_gain = cfg.actor_critic_share_weights, cfg.policy_head_gain
         if not self.shares_weights:  # the value's own encoder and FC; the policy's drive the core
@@ -2726,7 +2726,8 @@ class SegmentRNN:
         """One for `model` where it computes the model's own core_over_rollout (torch's own cell under
         the model's core_step: checked on random inputs, so an edit of either keeps the loop); else
         None, and the model's loop trains."""
-        if type(getattr(model, "core", None)) not in (nn.GRUCell, nn.LSTMCell) or not hasattr(model, "core_over_rollout"):
+        if not hasattr(model, "core_over_rollout") or type(getattr(model, "core", None)) not in (nn.GRUCell,
+                                                                                                nn.LSTMCell):
             return None
         segments = cls(model)
         generator = torch.Generator().manual_seed(0)
@@ -3414,7 +3415,8 @@ class Supervisor:
             else:
                 problem, stack = f"died (exit code {child.process.exitcode})", ""
             if child.kind == "learner":
-                return f"{child.name} {problem}; its last checkpoint is in {checkpoint_dir(self.cfg, child.args[0])}{stack}"
+                checkpoints = checkpoint_dir(self.cfg, child.args[0])
+                return f"{child.name} {problem}; its last checkpoint is in {checkpoints}{stack}"
             now = time.monotonic()
             self.recent_restarts.append(now)
             while self.recent_restarts[0] < now - self.RESTART_WINDOW_S:
