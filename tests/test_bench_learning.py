@@ -761,3 +761,15 @@ def test_learning_mds_gym_pz_and_repin_tables_are_what_the_saved_runs_say():
                                         if done else ("not run", "-")), env_name
         home = {"doom": "learning", "gym": "gym", "atari": "heldout"}[bench.family(env_name)]
         assert published.startswith(score_cell(home, env_name, "appo", with_n=False) + " "), env_name
+    _, rows = table_in("Re-pin of 2026-12-05", ("env", "frames"))
+    for env_cell, frames, after, before, after_min, before_min in rows:
+        env_name, _, flags = env_cell.partition(" ")
+        suffix = {"": "", "--with_vtrace": "_vtrace"}[flags]
+        assert frames == f"{bench.BUDGETS[env_name] / 1e6:g}M", env_cell
+        for score, minutes, side in ((after, after_min, "after_894d4bf"), (before, before_min, "before_a033fe0")):
+            folder = f"repin_2026-12-05/{side}{suffix}"
+            runs = runs_in(folder, env_name, "appo")
+            assert len(runs) == 3 and {tuple(r["config"]["extra_flags"]) for r in runs} == {tuple(flags.split())}, folder
+            assert (score, minutes) == (score_cell(folder, env_name, "appo", with_n=False),
+                                        minutes_cell(folder, env_name, "appo")), (folder, env_cell)
+    assert {"doom_basic", "gym:Acrobot-v1"} <= {row[0] for row in rows}
