@@ -2776,7 +2776,8 @@ class SegmentRNN:
     def __call__(self, features: torch.Tensor, first_rnn_state: torch.Tensor, dones: torch.Tensor) -> torch.Tensor:
         """core_over_rollout's numbers: trajectory-major features [B * T, hidden] -> the RNN's outputs
         [T, B, hidden]. Each trajectory's first segment starts from its saved state, every later one
-        (after a done) from zeros, as the loop's reset does; the segments run padded, time first."""
+        (after a done) from zeros, as the loop's reset does. The segments run packed (torch's
+        PackedSequence: each step runs only the segments still going, so the rows are the loop's)."""
         dones_host = self.host_copy(dones)
         if dones_host is None:
             return self.loop(features, first_rnn_state, dones)
@@ -2785,8 +2786,7 @@ class SegmentRNN:
         index = torch.from_numpy(plan.index)
         if features.device.type == "cuda":  # from pinned memory: a pageable copy would wait for the stream
             index = index.pin_memory().to(features.device, non_blocking=True)
-        gather, scatter = index.split([plan.max_len * plan.num_segments, steps * batch])
-        inputs = features.index_select(0, gather).view(plan.max_len, plan.num_segments, -1)
+        gather, scatter, sorted_indices, unsorted_indices = index.split([steps * batch] * 2 + [plan.num_segments] * 2)
 
         def initial(state):  # [1, segments, hidden]: the saved states, then zeros
             return torch.cat([state, state.new_zeros(plan.num_segments - batch, state.shape[1])]).unsqueeze(0)
@@ -2797,18 +2797,24 @@ class SegmentRNN:
             hx = initial(first_rnn_state)
         weights = {f"{name}_l0": getattr(self.model.core, name)
                    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+        # batch_sizes stays on the host, as torch wants it; the RNN orders hx by sorted_indices itself
+        inputs = nn.utils.rnn.PackedSequence(features.index_select(0, gather), torch.from_numpy(plan.batch_sizes),
+                                             sorted_indices, unsorted_indices)
         outputs, _ = torch.func.functional_call(self.rnn, weights, (inputs, hx))
-        return outputs.reshape(-1, outputs.shape[-1]).index_select(0, scatter).view(steps, batch, -1)
+        return outputs.data.index_select(0, scatter).view(steps, batch, -1)
 
 
 class SegmentPlan(typing.NamedTuple):
-    """rnn_segments' answer. `index`: the gather index [max_len * num_segments] (step i of segment s
-    at i * num_segments + s reads trajectory-major row b * T + t; padding reads row 0 and is
-    discarded), then the scatter index [T * B] (where step t of trajectory b, in [T, B] order,
-    finds its output among the padded ones)."""
+    """rnn_segments' answer, as torch's PackedSequence lays the segments out: time first, at each
+    step the segments still going, longest first. `index`: the gather index [T * B] (packed row ->
+    trajectory-major row b * T + t), the scatter index [T * B] (where step t of trajectory b, in
+    [T, B] order, finds its output among the packed ones), then the sorted indices (position ->
+    segment, longest first) and their inverse, [num_segments] each. `batch_sizes` [max_len]: the
+    segments going at each step."""
     index: np.ndarray
     max_len: int
     num_segments: int
+    batch_sizes: np.ndarray
 
 
 def rnn_segments(dones: np.ndarray) -> SegmentPlan:
@@ -2827,12 +2833,18 @@ def rnn_segments(dones: np.ndarray) -> SegmentPlan:
     rank[order] = np.arange(len(order))
     lengths = np.diff(start_rows, append=steps * batch)[order]
     num_segments, max_len = len(order), int(lengths.max())
-    offsets = np.arange(max_len)[:, None]
-    gather = np.where(offsets < lengths, start_rows[order] + offsets, 0)
+    by_length = np.argsort(-lengths, kind="stable")  # sorted position -> segment
+    sorted_rank = np.empty_like(by_length)
+    sorted_rank[by_length] = np.arange(num_segments)
+    batch_sizes = (lengths[None, :] > np.arange(max_len)[:, None]).sum(axis=1)
+    step_start = np.concatenate([[0], np.cumsum(batch_sizes)[:-1]])
+    packed_step = np.repeat(np.arange(max_len), batch_sizes)  # each packed row's step in its segment
+    gather = start_rows[order][by_length[np.arange(steps * batch) - step_start[packed_step]]] + packed_step
     rows = np.arange(steps * batch)
-    position = (rows - start_rows[segment_of_row]) * num_segments + rank[segment_of_row]
+    position = step_start[rows - start_rows[segment_of_row]] + sorted_rank[rank[segment_of_row]]
     scatter = position.reshape(batch, steps).T
-    return SegmentPlan(np.concatenate([gather.ravel(), scatter.ravel()]).astype(np.int64), max_len, num_segments)
+    index = np.concatenate([gather, scatter.ravel(), by_length, sorted_rank]).astype(np.int64)
+    return SegmentPlan(index, max_len, num_segments, batch_sizes.astype(np.int64))
 
 
 class Learner:
