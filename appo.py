@@ -1373,16 +1373,15 @@ def saved_config_errors(cfg) -> list[str]:
             if flag in saved and saved[flag] != getattr(cfg, flag)]
 
 
-def checkout_errors(face: str = appo_ipc.__file__, native: str = appo_ipc._native.__file__,
-                    trainer: str = __file__) -> list[str]:
-    """appo.py, appo_ipc's Python face and its compiled module must come from one checkout (or one
-    install). A fork whose module is not built yet silently takes another checkout's from an
-    editable install of it (its finder answers for appo_ipc's missing child)."""
-    face, native, trainer = (os.path.dirname(os.path.realpath(path)) for path in (face, native, trainer))
-    if face == native and os.path.dirname(face) == trainer:
+def checkout_errors(face: str = appo_ipc.__file__, native: str = appo_ipc._native.__file__) -> list[str]:
+    """appo_ipc's Python face and its compiled module must come from one checkout (or one install).
+    A fork whose module is not built yet silently takes another checkout's from an editable install
+    of it (its finder answers for appo_ipc's missing child)."""
+    face, native = (os.path.dirname(os.path.realpath(path)) for path in (face, native))
+    if face == native:
         return []
-    return [f"appo.py ({trainer}) would run appo_ipc from {face} with its compiled module from {native}: build "
-            "this checkout's in place, from its root: pip install pybind11 && python setup.py build_ext --inplace"]
+    return [f"appo_ipc would run from {face} with its compiled module from {native}, another checkout's: build "
+            "this one's in place, from its root: pip install pybind11 && python setup.py build_ext --inplace"]
 
 
 def flag_errors(cfg) -> list[str]:

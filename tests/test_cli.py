@@ -366,20 +366,19 @@ def test_a_run_shows_its_progress_against_the_budget_ends_with_a_summary_and_ret
 def test_a_fork_running_another_checkouts_compiled_module_is_refused_with_the_build_command(tmp_path):
     """A fork (appo.py, env.py, csrc/ and its appo_ipc link, its module not built yet) beside an
     editable install of this checkout: its appo_ipc would take this checkout's compiled module. One
-    line names both folders and the in-place build, before anything starts; one checkout's own
-    three files pass, through the appo_ipc -> csrc link too."""
+    line names both folders and the in-place build, before anything starts; one checkout's face and
+    module pass, through the appo_ipc -> csrc link too (a copy of appo.py alone elsewhere, as
+    tests/test_extras.py makes, runs the installed appo_ipc, face and module alike)."""
     fork = tmp_path / "fork"
     (fork / "csrc").mkdir(parents=True)
     for name in ("appo.py", "env.py"):
         (fork / name).write_text(open(os.path.join(REPO, name)).read())
     (fork / "csrc" / "__init__.py").write_text(open(os.path.join(REPO, "csrc", "__init__.py")).read())
     os.symlink("csrc", fork / "appo_ipc")
-    mixed = appo.checkout_errors(str(fork / "appo_ipc" / "__init__.py"),
-                                 os.path.join(REPO, "csrc", "_native.so"), str(fork / "appo.py"))
+    mixed = appo.checkout_errors(str(fork / "appo_ipc" / "__init__.py"), os.path.join(REPO, "csrc", "_native.so"))
     assert len(mixed) == 1 and "pip install pybind11 && python setup.py build_ext --inplace" in mixed[0]
     assert str(fork / "csrc") in mixed[0] and os.path.join(REPO, "csrc") in mixed[0]
-    assert appo.checkout_errors(str(fork / "appo_ipc" / "__init__.py"), str(fork / "csrc" / "_native.so"),
-                                str(fork / "appo.py")) == []
+    assert appo.checkout_errors(str(fork / "appo_ipc" / "__init__.py"), str(fork / "csrc" / "_native.so")) == []
     run = subprocess.run([sys.executable, "appo.py", "--env", "doom_basic", "--train_dir", str(tmp_path / "runs")],
                          cwd=fork, capture_output=True, text=True, timeout=120)
     if "No module named 'appo_ipc._native'" in run.stderr:
