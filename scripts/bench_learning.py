@@ -873,8 +873,7 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "repin_2026-11-28/before_e4fc108": "the re-pin table",
                  "repin_2026-12-05/after_894d4bf": "the re-pin table of 2026-12-05",
                  "repin_2026-12-05/before_a033fe0": "the re-pin table of 2026-12-05",
-                 "repin_2026-12-05/after_894d4bf_vtrace": "the re-pin table of 2026-12-05",
-                 "repin_2026-12-05/before_a033fe0_vtrace": "the re-pin table of 2026-12-05"}
+                 "repin_2026-12-05/after_e4725c7": "the re-pin table of 2026-12-05"}
 CONTENTION_HEADER = ["| env | trainer | configuration | seeds | CPU elsewhere | kept in |",
                      "|---|---|---|---|---|---|"]
 

@@ -15,11 +15,12 @@ learning bench. Compare a refactor against a commit at or after the latest.
 - 70ed530 (2026-11-28, issue 58): one path on every device for the normalisers' moments and the
   optimizer's non-finite skip (fused Adam), and the learner starting from the weights published
   as version 0 (docs/results/learning.md, "Re-pin of 2026-11-28").
-- 894d4bf (2026-12-05, issue 79): the model calls its recurrent cell (torch's GRUCell/LSTMCell
+- e4725c7 (2026-12-05, issue 79): the model calls its recurrent cell (torch's GRUCell/LSTMCell
   kernels instead of their equations written out), the learner trains torch's own cells with
-  SegmentRNN on the CPU too, and V-trace's targets fold into the return statistics after their
-  minibatch's step (the loss changes nothing). Every configuration with a GRU moved; CartPole's (no
-  RNN, GAE) did not (docs/results/learning.md, "Re-pin of 2026-12-05").
+  SegmentRNN (packed segments) on the CPU too, and V-trace's targets fold into the return statistics
+  after their minibatch's step (the loss changes nothing). Every configuration with a GRU moved;
+  CartPole's (no RNN, GAE) did not (docs/results/learning.md, "Re-pin of 2026-12-05"; 894d4bf, the
+  same with padded segments, is superseded).
 """
 import argparse
 import glob

@@ -762,14 +762,12 @@ def test_learning_mds_gym_pz_and_repin_tables_are_what_the_saved_runs_say():
         home = {"doom": "learning", "gym": "gym", "atari": "heldout"}[bench.family(env_name)]
         assert published.startswith(score_cell(home, env_name, "appo", with_n=False) + " "), env_name
     _, rows = table_in("Re-pin of 2026-12-05", ("env", "frames"))
-    for env_cell, frames, after, before, after_min, before_min in rows:
-        env_name, _, flags = env_cell.partition(" ")
-        suffix = {"": "", "--with_vtrace": "_vtrace"}[flags]
-        assert frames == f"{bench.BUDGETS[env_name] / 1e6:g}M", env_cell
-        for score, minutes, side in ((after, after_min, "after_894d4bf"), (before, before_min, "before_a033fe0")):
-            folder = f"repin_2026-12-05/{side}{suffix}"
+    for env_name, frames, code, after, before, after_min, before_min in rows:
+        assert frames == f"{bench.BUDGETS[env_name] / 1e6:g}M", env_name
+        for score, minutes, folder in ((after, after_min, f"repin_2026-12-05/after_{code}"),
+                                       (before, before_min, "repin_2026-12-05/before_a033fe0")):
             runs = runs_in(folder, env_name, "appo")
-            assert len(runs) == 3 and {tuple(r["config"]["extra_flags"]) for r in runs} == {tuple(flags.split())}, folder
+            assert len(runs) == 3 and {r["commit"][:7] for r in runs} == {folder.rsplit("_", 1)[1]}, folder
             assert (score, minutes) == (score_cell(folder, env_name, "appo", with_n=False),
-                                        minutes_cell(folder, env_name, "appo")), (folder, env_cell)
-    assert {"doom_basic", "gym:Acrobot-v1"} <= {row[0] for row in rows}
+                                        minutes_cell(folder, env_name, "appo")), (folder, env_name)
+    assert {("doom_basic", "e4725c7"), ("gym:Acrobot-v1", "894d4bf")} <= {(row[0], row[2]) for row in rows}
