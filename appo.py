@@ -443,7 +443,7 @@ class ActorCritic(nn.Module):
       --encoder_dtype (encoder_in_compute_dtype).
     - action_dist: the distribution over policy_head's output (sample, mode, log_prob, entropy;
       num_params wide). core: the recurrent cell, which core_step calls (a cell of yours trains as
-      it is; SegmentRNN runs torch's own over whole rollouts, where it computes the same).
+      it is).
     - rnn_state_size(cfg): the floats of recurrent state per env that the slots carry.
     - update_normalizers(obs): the learner, once per batch; normalize_returns, returns_normalizer
       and values_to_returns: the losses, with --normalize_returns.
@@ -598,8 +598,8 @@ class ActorCritic(nn.Module):
         """A whole rollout: obs [T, B, ...], dones [T, B] -> logits [T, B, A], values [T, B]."""
         obs_rows = {key: trajectory_major(value) for key, value in obs.items()}
         core_out = self.core_over_rollout(self.encode(obs_rows), first_rnn_state, dones)
-        critic = core_out if self.shares_weights else self.core_over_rollout(self.encode(obs_rows, critic=True),
-                                                                              first_rnn_state, dones)
+        steps, batch = dones.shape  # the value's own features, [T, B, hidden] as the core's outputs
+        critic = core_out if self.shares_weights else self.encode(obs_rows, critic=True).view(batch, steps, -1).transpose(0, 1)
         return self.mask_logits(self.action_logits(core_out), obs), self.value_head(critic).squeeze(-1)
 
     def core_over_rollout(self, features: torch.Tensor, first_rnn_state: torch.Tensor,
@@ -862,10 +862,8 @@ def fold_returns(model: ActorCritic, returns: torch.Tensor, mask: torch.Tensor):
 
 
 def make_optimizer(model: ActorCritic, cfg) -> torch.optim.Optimizer:
-    """--optimizer: the learner's. One in torch's fused form (Adam, AdamW, SGD, Adagrad: one kernel
-    for every parameter) skips a non-finite step by itself, reading nothing back; any other
-    (RMSprop) is stepped only when the step is finite, read back once a step (on a GPU a wait).
-    Add yours here and to --optimizer's choices: it is checked before the run starts (a step that
+    """--optimizer: the learner's. optimizer_step skips a step whose loss or gradient is not finite,
+    for any optimizer (one that takes torch's found_inf skips it by itself). Add yours here and to --optimizer's choices: it is checked before the run starts (a step that
     needs a closure, as LBFGS's does, is refused), kept across a resume, and PBT mutates only
     the hyperparameters it has."""
     parameters = model.parameters()
