@@ -119,6 +119,10 @@ def add_research_flags(parser: argparse.ArgumentParser):
     positive(algo.add_argument("--vtrace_rho", type=float, default=1.0, help="V-trace rho_bar"))
     positive(algo.add_argument("--vtrace_c", type=float, default=1.0, help="V-trace c_bar"))
     algo.add_argument("--gae_lambda", type=float, default=0.95, help="GAE lambda (without V-trace)")
+    algo.add_argument("--value_bootstrap", action="switch", default=False,
+                      help="where a time limit cut the episode (gymnasium's truncated), the return goes on with "
+                           "the critic's value of the observation it was cut at, not 0 as at a death (Sample "
+                           "Factory's name; the rollout keeps that observation, see RolloutWorker.record_step)")
     positive(algo.add_argument("--ppo_clip_ratio", type=float, default=0.1,
                                help="PPO keeps the policy ratio within [1/(1+eps), 1+eps]"))
     positive(algo.add_argument("--ppo_clip_value", type=float, default=1.0,
@@ -753,14 +757,31 @@ def gae_targets(model: ActorCritic, batch: dict[str, torch.Tensor], policy_versi
 
     GAE runs over the values that acted. Step T holds only the bootstrap observation, which no
     policy worker evaluates (it becomes step 0 of the actor's next slot), so V(x_T) comes from the
-    weights about to train on the batch, with the RNN state that acting left there.
+    weights about to train on the batch, with the RNN state that acting left there; so do the
+    values of the observations time limits cut episodes at (--value_bootstrap), which no policy
+    worker evaluates either.
     """
-    steps = steps_of(batch)
+    steps, obs = steps_of(batch), {key: batch[key] for key in model.encoders}
     with torch.no_grad():
-        _, bootstrap, _ = model({key: batch[key][-1] for key in model.encoders}, batch["rnn_state"][-1])
-        targets, advantages = gae(steps["reward"], model.values_to_returns(steps["value"]),
-                                  cfg.gamma * (1.0 - steps["done"]), model.values_to_returns(bootstrap), cfg.gae_lambda)
+        _, bootstrap, _ = model({key: value[-1] for key, value in obs.items()}, batch["rnn_state"][-1])
+        values, bootstrap = model.values_to_returns(steps["value"]), model.values_to_returns(bootstrap)
+        next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)])
+        if cfg.value_bootstrap and steps["truncated"].any():
+            _, learners = model.forward_rollout(obs, batch["rnn_state"][0], batch["done"])
+            next_values = model.values_to_returns(learners[1:])
+        rewards, discounts = time_limit_bootstrap(steps, next_values, cfg)
+        targets, advantages = gae(rewards, values, discounts, bootstrap, cfg.gae_lambda)
     return {"target": targets, "advantage": advantages}
+
+
+def time_limit_bootstrap(steps: dict[str, torch.Tensor], next_returns: torch.Tensor, cfg
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards, discounts), [T, B], that the targets run on: a return ends where the episode did,
+    but where a time limit cut it (--value_bootstrap) it ends in the critic's value of the
+    observation it was cut at, next_returns [T, B] (in return units) there."""
+    cut = steps["truncated"] > 0
+    rewards = torch.where(cut, steps["reward"] + cfg.gamma * next_returns, steps["reward"])
+    return rewards, cfg.gamma * (1.0 - steps["done"]) * (1.0 - steps["truncated"])
 
 
 def vtrace_targets(model: ActorCritic, steps: dict[str, torch.Tensor], values: torch.Tensor,
@@ -768,7 +789,7 @@ def vtrace_targets(model: ActorCritic, steps: dict[str, torch.Tensor], values: t
     """--with_vtrace: (value targets, advantages), [T, B] in return units, on the learner's own
     values of this minibatch."""
     returns, bootstrap_return = model.values_to_returns(values), model.values_to_returns(bootstrap_value)
-    discounts, rewards = cfg.gamma * (1.0 - steps["done"]), steps["reward"]
+    rewards, discounts = time_limit_bootstrap(steps, torch.cat([returns[1:], bootstrap_return.unsqueeze(0)]), cfg)
     vs, _ = vtrace(log_rhos, discounts, rewards, returns, bootstrap_return, cfg.vtrace_rho, cfg.vtrace_c)
     next_vs = torch.cat([vs[1:], bootstrap_return.unsqueeze(0)])
     return vs, rewards + discounts * next_vs - returns
@@ -1430,7 +1451,8 @@ def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[
         "rnn_state": ((rnn_state_size(cfg),), np.dtype(np.float32)),  # state *before* this step
         **acting_fields(action_dist),                   # what the policy that acted gives the learner
         "reward": ((), np.dtype(np.float32)),
-        "done": ((), np.dtype(np.float32)),            # the episode ended after this step
+        "done": ((), np.dtype(np.float32)),            # the episode ended after this step: the core resets
+        "truncated": ((), np.dtype(np.float32)),       # a time limit cut it here (done comes a step later)
         "policy_version": ((), np.dtype(np.int64)),    # SGD step of the weights that acted
         "valid": ((), np.dtype(np.float32)),           # 0: leave out of the loss
     })
@@ -2078,10 +2100,10 @@ def structured_action(space: spaces.Space, choices, values):
 
 class Agents:
     """An env as the trainer steps it: made at the ENV HOOK (make_env), single- and multi-agent
-    alike, in lists of one entry per agent (observations, rewards, done flags, infos), so the
-    rollout worker, the probe and evaluation have one path. env.py's envs keep gymnasium's API:
-    single-agent ones return plain values, multi-agent ones (Doom matches) lists, with one
-    terminated flag and info for all agents or one each."""
+    alike, in lists of one entry per agent (observations, rewards, done and truncated flags,
+    infos), so the rollout worker, the probe and evaluation have one path. env.py's envs keep
+    gymnasium's API: single-agent ones return plain values, multi-agent ones (Doom matches) lists,
+    with one terminated and truncated flag and info for all agents or one each."""
 
     def __init__(self, env):
         self.env, self.num_agents = env, envs.get_num_agents(env)
@@ -2091,15 +2113,19 @@ class Agents:
         obs, _ = self.env.reset()
         return [obs] if self.num_agents == 1 else list(obs)
 
-    def step(self, actions: list) -> tuple[list, list, list, list]:
+    def step(self, actions: list) -> tuple[list, list, list, list, list]:
+        """(observations, rewards, dones, truncations, infos): an agent is done when its episode ended
+        either way, and truncated when a time limit ended it (not a terminal state of the game)."""
         if self.num_agents == 1:
             obs, reward, terminated, truncated, info = self.env.step(actions[0])
-            return [obs], [reward], [terminated or truncated], [info]
+            return [obs], [reward], [bool(terminated) or bool(truncated)], [bool(truncated) and not terminated], [info]
         obs, rewards, terminated, truncated, info = self.env.step(actions)
-        dones = ([bool(t) or bool(u) for t, u in zip(terminated, truncated)] if isinstance(terminated, (list, tuple))
-                 else [bool(terminated) or bool(truncated)] * self.num_agents)
+        if not isinstance(terminated, (list, tuple)):
+            terminated, truncated = [terminated] * self.num_agents, [truncated] * self.num_agents
+        dones = [bool(t) or bool(u) for t, u in zip(terminated, truncated)]
+        truncations = [bool(u) and not t for t, u in zip(terminated, truncated)]
         infos = info if isinstance(info, (list, tuple)) else [info] * self.num_agents
-        return list(obs), list(rewards), dones, infos
+        return list(obs), list(rewards), dones, truncations, infos
 
     def render(self):
         return self.env.render()
@@ -2257,7 +2283,8 @@ class RolloutWorker:
             actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
             try:
                 with self.times("step"):
-                    obs, rewards, dones, infos = env.step(actions)
+                    obs, rewards, dones, truncations, infos = env.step(actions)
+                    final_obs = obs
                     if all(dones):
                         obs = env.reset()
             except Exception as error:
@@ -2265,7 +2292,10 @@ class RolloutWorker:
                 continue
             frames += self.cfg.env_frameskip * len(env_actors)  # every agent's frames, as the learner counts them
             for actor in env_actors:
-                self.record_step(actor, obs[actor.agent], rewards[actor.agent], dones[actor.agent], infos[actor.agent])
+                agent = actor.agent
+                cut_at = final_obs[agent] if self.cfg.value_bootstrap and truncations[agent] else None
+                if not self.record_step(actor, obs[agent], rewards[agent], dones[agent], infos[agent], cut_at):
+                    return False
                 if actor.step == self.cfg.rollout and not self.finish_slot(actor):
                     return False
             if all(dones) and not self.between_episodes(env_id, env_actors):
@@ -2301,6 +2331,7 @@ class RolloutWorker:
             slot, used = actor.slot, actor.step
             self.arrays["valid"][slot, used:] = 0.0
             self.arrays["done"][slot, used:] = 1.0     # nothing after the episode's end leaks into V-trace
+            self.arrays["truncated"][slot, used:] = 0.0
             self.arrays["reward"][slot, used:] = 0.0
             self.arrays["actions"][slot, used:] = 0    # stale actions could be out of range for the heads
             self.arrays["policy_version"][slot, used:] = self.arrays["policy_version"][slot, used - 1]  # lag stats
@@ -2319,12 +2350,26 @@ class RolloutWorker:
             envs.set_reward_shaping(self.envs[actor.env_id], actor.agent, weights)
             actor.reward_shaping_version = version
 
-    def record_step(self, actor: Actor, obs, reward, done, info):
+    def record_step(self, actor: Actor, obs, reward, done, info, cut_at=None) -> bool:
+        """Writes a step's outcome and the next observation. `cut_at`, with --value_bootstrap: the
+        observation a time limit cut the episode at (gymnasium's truncated). It takes the next
+        position, a step nobody takes, kept out of the loss (done there, not at the cut step, so the
+        learner's core runs on into it); the losses bootstrap the cut step with its value, and
+        the new episode starts one position later. False if the run stops meanwhile."""
         self.arrays["reward"][actor.slot, actor.step] = reward
-        self.arrays["done"][actor.slot, actor.step] = float(done)
+        self.arrays["done"][actor.slot, actor.step] = float(done and cut_at is None)
+        self.arrays["truncated"][actor.slot, actor.step] = float(cut_at is not None)
         if info.get("agent_left"):  # an agent out of the game (env.PettingZooAgents): its action did nothing
             self.arrays["valid"][actor.slot, actor.step] = 0.0
         actor.step += 1
+        if cut_at is not None:
+            self.write_obs(actor, cut_at)  # its RNN state: the one the policy worker wrote after the cut step
+            if actor.step == self.cfg.rollout:  # it bootstraps this slot; the next one starts the new episode
+                if not self.finish_slot(actor):
+                    return False
+            else:
+                self.write_untaken_step(actor)
+                actor.step += 1
         self.write_obs(actor, obs)
         if done:  # the policy worker already wrote the next RNN state; a new episode starts fresh
             self.arrays["rnn_state"][actor.slot, actor.step] = 0.0
@@ -2333,6 +2378,17 @@ class RolloutWorker:
                                          "true_return": float(info["true_return"]),
                                          "true_objective": float(info.get("true_objective", info["true_return"])),
                                          "true_length": int(info["true_length"])})
+        return True
+
+    def write_untaken_step(self, actor: Actor):
+        """The fields of a position that holds an observation but no step: out of the loss, the core
+        reset after it, and every number zero (a field of your own from acting_fields too)."""
+        slot, step = actor.slot, actor.step
+        for key, array in self.arrays.items():
+            if key not in self.obs_keys and key != "rnn_state":
+                array[slot, step] = 0
+        self.arrays["done"][slot, step] = 1.0
+        self.arrays["policy_version"][slot, step] = self.arrays["policy_version"][slot, step - 1]  # lag stats
 
     def start(self) -> bool:
         """Resets every env and asks for the first actions; False if the run stopped meanwhile."""
@@ -4612,7 +4668,7 @@ def play_games(cfg, env: Agents, model: ActorCritic, video: VideoWriter | None) 
         actions = (model.action_dist.mode(logits) if cfg.eval_deterministic
                    else model.action_dist.sample(logits)).cpu().numpy()
         env_actions = [env_action(env.action_space, row) for row in actions]
-        obs, rewards, dones, infos = env.step(env_actions)
+        obs, rewards, dones, _, infos = env.step(env_actions)
         for agent, info in enumerate(infos):
             if "true_return" in info:
                 finished_returns[agent] = (float(info["true_return"]), int(info["true_length"]))

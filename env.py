@@ -2273,8 +2273,9 @@ class PettingZooAgents(gym.Env):
     """A PettingZoo ParallelEnv as this file's multi-agent envs are: lists with one entry per agent
     of possible_agents, observations converted as for gym: envs (ObservationConverter).
 
-    An agent not in the game (it left early, or has not joined) is given its last observation (or
-    zeros), reward 0, done, and "agent_left" in its info: the rollout worker keeps such steps out
+    Each agent's termination and truncation stay apart, as gymnasium's. An agent not in the game
+    (it left early, or has not joined) is given its last observation (or zeros), reward 0,
+    terminated, and "agent_left" in its info: the rollout worker keeps such steps out
     of the loss, and the action the policy picks for it is not passed to the env. Each agent's
     game stats (true_return, true_length) are reported when the whole game ends. With one agent it
     speaks the single-agent API, as appo.py expects of an env with num_agents 1."""
@@ -2307,21 +2308,21 @@ class PettingZooAgents(gym.Env):
         obs, rewards, terminations, truncations, infos = self.env.step(
             {agent: action for agent, action in zip(self.agent_names, actions) if agent in playing})
         self._length += 1
-        step_rewards, dones, step_infos = [], [], []
+        step_rewards, dones, cuts, step_infos = [], [], [], []
         for agent in self.agent_names:
             if agent in obs:
                 self._last_obs[agent] = self._converter(obs[agent])
             reward = float(rewards.get(agent, 0.0))
             self._returns[agent] += reward
             step_rewards.append(reward)
-            dones.append(agent not in playing or bool(terminations.get(agent)) or bool(truncations.get(agent)))
+            dones.append(agent not in playing or bool(terminations.get(agent)))
+            cuts.append(agent in playing and not dones[-1] and bool(truncations.get(agent)))  # by a time limit
             step_infos.append(dict(infos.get(agent, {})) if agent in playing else {"agent_left": True})
         if not self.env.agents:  # the game is over for everyone
             for agent, info in zip(self.agent_names, step_infos):
                 info.update(true_return=self._returns[agent], true_length=self._length,
                             true_objective=self._returns[agent])
-        return ([self._last_obs[agent] for agent in self.agent_names], step_rewards, dones,
-                [False] * self.num_agents, step_infos)
+        return [self._last_obs[agent] for agent in self.agent_names], step_rewards, dones, cuts, step_infos
 
     def _empty_obs(self):
         space = self.observation_space

@@ -8,6 +8,7 @@ from pettingzoo import ParallelEnv
 
 GAME_STEPS = 12
 LEAVES_AFTER = 4
+LIMIT_STEPS = 3
 
 
 class MaskedAndLeaving(ParallelEnv):
@@ -75,6 +76,42 @@ class UnequalSpaces(MaskedAndLeaving):
     @functools.lru_cache(maxsize=None)
     def observation_space(self, agent):
         return spaces.Box(0.0, 1.0, (6 if agent == "c" else 5,), np.float32)
+
+
+class TimeLimited(ParallelEnv):
+    """Three agents, each seeing the number of steps it has taken. After LIMIT_STEPS steps "cut"
+    is truncated (a time limit) and "ends" terminated, and "stays" plays on to GAME_STEPS."""
+    metadata = {"name": "time_limited_v0", "render_fps": 10}
+
+    def __init__(self, render_mode=None):
+        self.possible_agents, self.render_mode = ["cut", "ends", "stays"], render_mode
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 100.0, (1,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents, self.steps = list(self.possible_agents), 0
+        return self.observe(), {agent: {} for agent in self.agents}
+
+    def observe(self):
+        return {agent: np.full(1, self.steps, np.float32) for agent in self.agents}
+
+    def step(self, actions):
+        self.steps += 1
+        obs = self.observe()
+        rewards = {agent: 1.0 for agent in self.agents}
+        terminations = {agent: (agent == "ends" and self.steps == LIMIT_STEPS) or self.steps == GAME_STEPS
+                        for agent in self.agents}
+        truncations = {agent: agent == "cut" and self.steps == LIMIT_STEPS for agent in self.agents}
+        self.agents = [agent for agent in self.agents if not (terminations[agent] or truncations[agent])]
+        return obs, rewards, terminations, truncations, {agent: {} for agent in obs}
+
+
+def time_limited(**kwargs):
+    return TimeLimited(**kwargs)
 
 
 def masked_and_leaving(**kwargs):

@@ -166,6 +166,7 @@ def estimator_batch(steps: int, batch: int, seed: int) -> dict[str, torch.Tensor
         "value": value,
         "reward": torch.randn(steps + 1, batch, generator=generator),
         "done": done,
+        "truncated": torch.zeros(steps + 1, batch),
         "policy_version": torch.zeros(steps + 1, batch, dtype=torch.long),
         "valid": torch.ones(steps + 1, batch),
     }
@@ -716,6 +717,7 @@ def test_ppo_with_v_trace_trains_a_gaussian_policy_towards_better_actions():
         batch = {**obs, "rnn_state": torch.zeros(steps + 1, trajectories, 1), "actions": actions,
                  "log_prob": model.action_dist.log_prob(logits, actions), "value": values.view(steps + 1, trajectories),
                  "reward": -(actions[..., 0] - 0.7) ** 2, "done": torch.ones(steps + 1, trajectories),
+                 "truncated": torch.zeros(steps + 1, trajectories),
                  "policy_version": torch.zeros(steps + 1, trajectories, dtype=torch.long),
                  "valid": torch.ones(steps + 1, trajectories)}
         loss, _ = loss_of_batch(model, batch, 0, cfg)
@@ -763,6 +765,7 @@ def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):
     data["value"] = torch.zeros(steps + 1, batch)
     data["reward"] = torch.randn(steps + 1, batch)
     data["done"] = (torch.rand(steps + 1, batch) < 0.1).float()
+    data["truncated"] = torch.zeros(steps + 1, batch)
     data["policy_version"] = torch.full((steps + 1, batch), policy_version, dtype=torch.long)
     data["valid"] = torch.ones(steps + 1, batch)
     for name, (shape, dtype) in appo.acting_fields(appo.action_distribution(action_space)).items():

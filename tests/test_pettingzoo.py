@@ -108,6 +108,7 @@ def test_the_rollout_worker_keeps_the_steps_of_an_agent_that_left_out_of_the_los
 
     worker = types.SimpleNamespace(
         arrays={"reward": np.zeros((1, 3), np.float32), "done": np.zeros((1, 3), np.float32),
+                "truncated": np.zeros((1, 3), np.float32),
                 "valid": np.ones((1, 3), np.float32), "rnn_state": np.ones((1, 3, 1), np.float32),
                 "obs": np.zeros((1, 3, 2), np.float32)},
         obs_keys=["obs"], past_policy=None, shared=types.SimpleNamespace(stats_queue=queue.Queue()))

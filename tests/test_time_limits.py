@@ -1,0 +1,190 @@
+"""A time limit is not a death (--value_bootstrap): the rollout keeps the observation an episode was
+cut at, the losses' targets go on from its value, and an episode that really ended keeps 0. The
+envs are tests/clock_env.py's (its docstring gives the numbers) and pz_envs.TimeLimited."""
+import glob
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+import appo
+import clock_env
+import pz_envs
+from conftest import RUN_TIMEOUT_S, gather_slots, processes_still_tagged
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GAMMA = 0.9
+CONSTANT = 1.0 / (1.0 - GAMMA)  # every step's return where nothing ends it
+ROLLOUT = 9  # with clock_env.LIMIT 4: the first slot's cuts fall mid-slot and on its last step
+
+
+def rollout_worker(tmp_path, env: str, *flags: str):
+    cfg = appo.parse_args(["--env", env, "--num_workers", "1", "--num_envs_per_worker", "1", "--worker_num_splits",
+                           "1", "--rollout", str(ROLLOUT), "--batch_size", str(ROLLOUT), "--rnn_type", "gru",
+                           "--hidden_size", "4", "--gamma", str(GAMMA), "--no-normalize_returns",
+                           "--train_dir", str(tmp_path), *flags])
+    probe = appo.probe_env(cfg)
+    shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
+    return cfg, probe, shared, appo.RolloutWorker(0, 0, cfg, shared)
+
+
+def collect(worker, shared, slots: int) -> list[int]:
+    """Steps the worker's env with action 0 until `slots` slots are handed to the learner. Where a
+    policy worker would write its value (constant_critic's) and the next RNN state, this writes
+    CONSTANT and ones."""
+    assert worker.reset_all()
+    handed = []
+    while len(handed) < slots:
+        for actor in worker.actors:
+            worker.arrays["value"][actor.slot, actor.step] = CONSTANT
+            worker.arrays["rnn_state"][actor.slot, actor.step + 1] = 1.0
+        assert worker.step_split(0)
+        while shared.learner_queues[0].qsize():
+            handed.append(shared.learner_queues[0].get(timeout=1)[0])
+    return handed[:slots]
+
+
+def constant_critic(model: appo.ActorCritic) -> appo.ActorCritic:
+    with torch.no_grad():
+        model.value_head.weight.zero_()
+        model.value_head.bias.fill_(CONSTANT)
+    return model
+
+
+def targets(cfg, probe, batch, with_vtrace: bool) -> torch.Tensor:
+    """The value targets [T, B] of a batch, by the learner's GAE or V-trace (on-policy: rho 1)."""
+    cfg.with_vtrace = with_vtrace
+    model = constant_critic(appo.ActorCritic(*probe.spaces, cfg))
+    if not with_vtrace:
+        return appo.gae_targets(model, batch, 0, cfg)["target"]
+    with torch.no_grad():
+        _, values = model.forward_rollout({key: batch[key] for key in model.encoders}, batch["rnn_state"][0],
+                                          batch["done"])
+        steps = appo.steps_of(batch)
+        return appo.vtrace_targets(model, steps, values[:-1], values[-1], torch.zeros_like(values[:-1]), cfg)[0]
+
+
+def test_a_cut_episode_leaves_its_final_observation_in_the_slot_and_the_next_starts_after_it(tmp_path):
+    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Cut-v0", "--value_bootstrap")
+    try:
+        first, second = collect(worker, shared, 2)
+        arrays = shared.slots.arrays
+        # the clock's episodes (4 steps), each followed by its final observation, a step nobody takes
+        assert arrays["obs"][first, :, 0].tolist() == [0, 1, 2, 3, 0, 0, 1, 2, 3, 0]
+        assert arrays["obs"][first, :, 1].tolist() == [1] * 5 + [0] * 5  # the episodes' parity
+        assert arrays["truncated"][first, :ROLLOUT].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 1]
+        assert arrays["done"][first, :ROLLOUT].tolist() == [0, 0, 0, 0, 1, 0, 0, 0, 0]
+        assert arrays["valid"][first, :ROLLOUT].tolist() == [1, 1, 1, 1, 0, 1, 1, 1, 1]
+        assert arrays["reward"][first, :ROLLOUT].tolist() == [1, 1, 1, 1, 0, 1, 1, 1, 1]
+        # the final observation's RNN state is the one acting left after the cut step; a new episode starts at 0
+        assert arrays["rnn_state"][first, [4, 9]].min() == 1.0 and arrays["rnn_state"][first, 5].max() == 0.0
+        # the first slot ended on a final observation: the next starts the new episode
+        assert arrays["obs"][second, 0, 0] == 0 and arrays["rnn_state"][second, 0].max() == 0.0
+    finally:
+        worker.close()
+
+
+def test_without_value_bootstrap_a_time_limit_ends_the_episode_as_a_death_does(tmp_path):
+    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Cut-v0")
+    try:
+        (first,) = collect(worker, shared, 1)
+        arrays = shared.slots.arrays
+        assert arrays["obs"][first, :, 1].tolist() == [1] * 4 + [0] * 4 + [1] * 2
+        assert arrays["done"][first, :ROLLOUT].tolist() == [0, 0, 0, 1, 0, 0, 0, 1, 0]
+        assert arrays["truncated"][first].max() == 0 and arrays["valid"][first].min() == 1
+    finally:
+        worker.close()
+
+
+@pytest.mark.parametrize("with_vtrace", [False, True], ids=["gae", "vtrace"])
+def test_the_targets_at_a_time_limit_equal_those_in_the_middle_with_value_bootstrap_and_fall_without(
+        tmp_path, with_vtrace):
+    for bootstrap in (True, False):
+        flags = ["--value_bootstrap"] if bootstrap else []
+        cfg, probe, shared, worker = rollout_worker(tmp_path / str(bootstrap), "gym:clock_env:Clock/Cut-v0", *flags)
+        try:
+            batch = gather_slots(shared.slots, collect(worker, shared, 1))
+            found = targets(cfg, probe, batch, with_vtrace)[:, 0]
+        finally:
+            worker.close()
+        if bootstrap:  # the steps of both episodes, the cut ones too, but not the untaken step
+            assert found[[0, 1, 2, 3, 5, 6, 7, 8]].tolist() == pytest.approx([CONSTANT] * 8, rel=1e-5)
+        else:  # each episode's return falls to the last step's reward, 1
+            episode = found[:4].tolist()
+            assert episode[-1] == pytest.approx(1.0) and episode == sorted(episode, reverse=True)
+            assert episode[0] < 0.5 * CONSTANT
+
+
+@pytest.mark.parametrize("with_vtrace", [False, True], ids=["gae", "vtrace"])
+def test_an_episode_the_game_ended_keeps_a_return_of_0_after_it_with_value_bootstrap(tmp_path, with_vtrace):
+    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Ends-v0", "--value_bootstrap")
+    try:
+        (first,) = collect(worker, shared, 1)
+        assert shared.slots.arrays["obs"][first, :, 1].tolist() == [1] * 4 + [0] * 4 + [1] * 2
+        assert shared.slots.arrays["truncated"][first].max() == 0
+        found = targets(cfg, probe, gather_slots(shared.slots, [first]), with_vtrace)[:, 0]
+    finally:
+        worker.close()
+    assert found[3] == pytest.approx(1.0) and found[7] == pytest.approx(1.0)
+
+
+def test_in_a_multi_agent_env_only_the_agent_a_time_limit_cut_keeps_its_final_observation(tmp_path):
+    cfg, probe, shared, worker = rollout_worker(tmp_path, "pz:pz_envs:time_limited", "--value_bootstrap")
+    try:
+        worker.reset_all()
+        by_name = dict(zip(["cut", "ends", "stays"], worker.actors))
+        for _ in range(pz_envs.LIMIT_STEPS + 1):
+            assert worker.step_split(0)
+        arrays, steps = shared.slots.arrays, pz_envs.LIMIT_STEPS
+        cut, ends, stays = (by_name[name].slot for name in ("cut", "ends", "stays"))
+        assert arrays["truncated"][cut, :steps + 2].tolist() == [0, 0, 1, 0, 0]
+        assert arrays["done"][cut, :steps + 2].tolist() == [0, 0, 0, 1, 1]  # then it has left the game
+        assert arrays["valid"][cut, :steps + 2].tolist() == [1, 1, 1, 0, 0]
+        assert arrays["obs"][cut, steps, 0] == steps  # its final observation, after its last step
+        assert arrays["truncated"][ends].max() == 0 and arrays["done"][ends, :steps + 1].tolist() == [0, 0, 1, 1]
+        assert arrays["truncated"][stays].max() == 0 and arrays["done"][stays, :steps + 1].max() == 0
+        assert by_name["cut"].step == steps + 2 and by_name["ends"].step == by_name["stays"].step == steps + 1
+    finally:
+        worker.close()
+
+
+def learned_values(train_dir, flags: list[str]) -> list[float]:
+    """The trained critic's return estimate at the clock's observations of each step, in an
+    episode of each parity."""
+    cfg = appo.parse_args(flags)
+    model = appo.ActorCritic(*appo.probe_env(cfg).spaces, cfg)
+    path = sorted(glob.glob(str(train_dir / cfg.experiment / "checkpoint_p0" / "checkpoint_*.pth")))[-1]
+    model.load_state_dict(torch.load(path, weights_only=True)["model"])
+    obs = torch.tensor([[step, parity] for parity in (0, 1) for step in range(clock_env.LIMIT)],
+                       dtype=torch.float32)
+    with torch.no_grad():
+        _, values, _ = model({"obs": obs}, torch.zeros(len(obs), appo.rnn_state_size(cfg)))
+        return model.values_to_returns(values).view(2, clock_env.LIMIT).mean(0).tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["processes-vtrace", "serial-gae", "serial-gae-off"])
+def test_a_trained_critic_values_the_last_steps_before_a_time_limit_as_the_first_with_value_bootstrap(
+        tmp_path, mode):
+    tag = uuid.uuid4().hex
+    flags = ["--env", "gym:clock_env:Clock/Cut-v0", "--gamma", str(GAMMA), "--seed", "1", "--train_for_env_steps",
+             "20000", "--lr_schedule", "constant", "--num_workers", "2", "--num_envs_per_worker", "2", "--train_dir", str(tmp_path),
+             "--experiment", mode, "--value_bootstrap"]
+    flags += {"processes-vtrace": ["--with_vtrace"], "serial-gae": ["--serial_mode"],
+              "serial-gae-off": ["--serial_mode", "--no-value_bootstrap"]}[mode]
+    tests = os.path.dirname(os.path.abspath(__file__))  # clock_env imports in every process
+    run = subprocess.run([sys.executable, os.path.join(REPO, "appo.py"), *flags], capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S, cwd=tmp_path, env=dict(
+                             os.environ, APPO_TEST_TAG=tag,
+                             PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert processes_still_tagged(tag) == []
+    values = learned_values(tmp_path, flags)
+    if mode == "serial-gae-off":  # the clock's returns: 1 + 0.9 + 0.81 + 0.73 down to 1
+        assert values == pytest.approx([3.44, 2.71, 1.9, 1.0], abs=0.2)
+    else:
+        assert values == pytest.approx([CONSTANT] * clock_env.LIMIT, rel=0.05)
