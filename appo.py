@@ -1931,13 +1931,22 @@ class SyncGate:
         self.split_actors, self.learner_version = split_actors, learner_version
         self.parked: list[int] = []
 
+    def has_share(self, actor: Actor) -> bool:
+        """Has the actor handed off its share of a batch, acted by the latest weights?"""
+        return (actor.step == 0 and actor.handed_count >= self.rollouts_per_batch
+                and actor.handed_version >= int(self.learner_version[actor.policy_id]))
+
     def has_share_of_batch(self, split: int) -> bool:
-        """Has every actor of the split handed off its share of a batch, acted by the latest weights?
-        Only when all of them have: an actor that restarted its slot (its env was remade after a
-        fault) must not be held back, or its slot would be missing from the batch everyone waits for."""
-        return all(actor.step == 0 and actor.handed_count >= self.rollouts_per_batch
-                   and actor.handed_version >= int(self.learner_version[actor.policy_id])
-                   for actor in self.split_actors[split])
+        """Has every actor of the split its share? Only when all of them have: an actor that restarted
+        its slot (its env was remade after a fault) must not be held back, or its slot would be
+        missing from the batch everyone waits for."""
+        return all(self.has_share(actor) for actor in self.split_actors[split])
+
+    def holds(self, env_actors: list[Actor]) -> bool:
+        """Does an env of a split still going wait, its actors' shares in? One fills its slots a step
+        early where a time limit's final observation took a position (--value_bootstrap); stepped
+        on, it would start its next share with the old weights, and the split never park again."""
+        return not self.asynchronous and all(self.has_share(actor) for actor in env_actors)
 
     def lets_go(self, split: int) -> bool:
         """After a step of the split: may it ask for its next actions? If not, it is parked."""
@@ -2279,6 +2288,8 @@ class RolloutWorker:
     def step_split(self, split: int) -> bool:
         frames = 0
         for env_id, env_actors in self.split_envs[split]:
+            if self.gate.holds(env_actors):
+                continue
             env = self.envs[env_id]
             actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
             try:

@@ -31,5 +31,23 @@ class Clock(gym.Env):
         return self.observe(), 1.0, self.ends and self.steps == LIMIT, False, {}
 
 
+class UnevenClock(Clock):
+    """Clock/Uneven-v0: its own time limit, LIMIT steps or one more by the parity of the seed of its
+    first reset, so that two envs of a worker (seeded one apart) cut their episodes at different
+    steps."""
+
+    limit = LIMIT
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.limit = LIMIT + seed % 2
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, terminated, _, info = super().step(action)
+        return obs, reward, terminated, self.steps == self.limit, info
+
+
 gym.register("Clock/Cut-v0", entry_point=Clock, max_episode_steps=LIMIT)
+gym.register("Clock/Uneven-v0", entry_point=UnevenClock)
 gym.register("Clock/Ends-v0", entry_point=Clock, kwargs={"ends": True})

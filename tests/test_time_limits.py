@@ -132,6 +132,33 @@ def test_an_episode_the_game_ended_keeps_a_return_of_0_after_it_with_value_boots
     assert found[3] == pytest.approx(1.0) and found[7] == pytest.approx(1.0)
 
 
+def test_synchronous_collection_parks_a_split_whose_envs_cut_their_episodes_at_different_steps(tmp_path):
+    """--no-async_rl: an env whose slot filled a step early (a final observation took a position)
+    waits for the split's others, so that every batch is acted by the latest weights."""
+    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Uneven-v0", "--value_bootstrap",
+                                                "--num_envs_per_worker", "2", "--batch_size", str(2 * ROLLOUT),
+                                                "--no-async_rl", "--seed", "1")
+    try:
+        assert worker.reset_all()
+        version, parked, share = shared.run.learner_version, 0, worker.gate.rollouts_per_batch
+        for _ in range(3 * share * (ROLLOUT + 2)):  # three batches, at the most two early slots a batch
+            for actor in worker.actors:  # what a policy worker writes, with the latest weights
+                worker.arrays["policy_version"][actor.slot, actor.step] = version[0]
+            assert worker.step_split(0)
+            while shared.learner_queues[0].qsize():  # the learner takes the batch and frees its slots
+                slot, generation, owner = shared.learner_queues[0].get(timeout=1)
+                assert shared.slots.control.transfer(slot, owner, generation, appo.learner_owner(cfg, 0))
+                shared.slots.control.release([slot])
+            if not worker.gate.lets_go(0):
+                parked += 1
+                assert all(actor.step == 0 for actor in worker.actors)
+                version[0] += 1  # the weights trained on the batch
+                assert worker.gate.released() == [0]
+        assert parked >= 3  # without the wait, once its envs are out of step the split never parks again
+    finally:
+        worker.close()
+
+
 def test_in_a_multi_agent_env_only_the_agent_a_time_limit_cut_keeps_its_final_observation(tmp_path):
     cfg, probe, shared, worker = rollout_worker(tmp_path, "pz:pz_envs:time_limited", "--value_bootstrap")
     try:
