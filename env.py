@@ -721,6 +721,9 @@ DOOM = Family(  # every single-player scenario (the matches are a family of thei
         # frame (docs/results/ablations.md, "What the Doom family's defaults do")
         "batch_size": 512,
         "with_vtrace": False,  # cfg.py: GAE with lambda 0.95
+        # our measurement on doom_basic, whose timeouts are truncations (docs/results/learning.md,
+        # "Time limits bootstrapped"); Sample Factory's cfg.py leaves it off
+        "value_bootstrap": True,
         "normalize_input": True, "ppo_clip_value": 0.2,  # doom_params.py
         "exploration_loss": "symmetric_kl", "exploration_loss_coeff": 0.001,  # doom_params.py
         # cfg.py, and our measurement: a rollout worker and its game processes on one core spend less

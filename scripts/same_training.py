@@ -44,6 +44,9 @@ CONFIGS = [
 ]
 COMMON = ["--serial_mode", "--num_workers", "1", "--num_envs_per_worker", "4", "--rollout", "16", "--batch_size", "128",
           "--hidden_size", "64", "--seed", "1", "--train_for_env_steps", "20000", "--experiment", "same"]
+# Defaults changed on purpose and measured (docs/results/learning.md), held at their old values on
+# each side whose appo.py has the flag, so that runs of older code stay comparable.
+OLD_DEFAULTS = {"--value_bootstrap": "--no-value_bootstrap"}  # 2026-12-05, issue 80: the Doom family's
 CHECKSUM = """
 import glob, hashlib, sys, torch
 path = sorted(glob.glob(sys.argv[1] + "/same/checkpoint_p0/*.pth"))[-1]
@@ -61,7 +64,10 @@ print(state["policy_version"], digest.hexdigest())
 def train_and_hash(repo: str, flags: list[str]) -> str:
     with tempfile.TemporaryDirectory() as train_dir:
         env = dict(os.environ, PYTHONPATH=repo)
-        run = subprocess.run([sys.executable, "appo.py", *COMMON, *flags, "--train_dir", train_dir], cwd=repo,
+        with open(os.path.join(repo, "appo.py")) as f:
+            source = f.read()
+        held = [old for flag, old in OLD_DEFAULTS.items() if f'"{flag}"' in source]
+        run = subprocess.run([sys.executable, "appo.py", *COMMON, *held, *flags, "--train_dir", train_dir], cwd=repo,
                              env=env, capture_output=True, text=True)
         if run.returncode != 0:
             return f"failed: {(run.stdout + run.stderr).strip().splitlines()[-1:]}"

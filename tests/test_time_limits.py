@@ -215,3 +215,24 @@ def test_a_trained_critic_values_the_last_steps_before_a_time_limit_as_the_first
         assert values == pytest.approx([3.44, 2.71, 1.9, 1.0], abs=0.2)
     else:
         assert values == pytest.approx([CONSTANT] * clock_env.LIMIT, rel=0.05)
+
+
+def test_value_bootstrap_is_a_default_only_where_it_was_measured():
+    """R0 (docs/results/learning.md): on for the Doom scenarios (doom_basic), off elsewhere until measured."""
+    assert appo.parse_args(["--env", "doom_basic"]).value_bootstrap
+    assert appo.parse_args(["--env", "doom_basic", "--no-value_bootstrap"]).value_bootstrap is False
+    for env in ("doom_duel_bots", "atari_pong", "gym:CartPole-v1"):
+        assert appo.parse_args(["--env", env]).value_bootstrap is False
+
+
+def test_doom_basic_reports_its_timeout_as_a_truncation_through_the_trainers_env():
+    agents = appo.make_env(appo.parse_args(["--env", "doom_basic"]), 0)
+    try:
+        agents.reset()
+        for step in range(1000):  # standing still, the monster lives: the scenario's 300 tics run out
+            _, _, dones, truncations, _ = agents.step([0])
+            if dones[0]:
+                break
+        assert dones == [True] and truncations == [True] and 60 <= step < 80  # 300 tics / frameskip 4
+    finally:
+        agents.close()
