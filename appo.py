@@ -766,9 +766,12 @@ def gae_targets(model: ActorCritic, batch: dict[str, torch.Tensor], policy_versi
         _, bootstrap, _ = model({key: value[-1] for key, value in obs.items()}, batch["rnn_state"][-1])
         values, bootstrap = model.values_to_returns(steps["value"]), model.values_to_returns(bootstrap)
         next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)])
-        if cfg.value_bootstrap and steps["truncated"].any():
-            _, learners = model.forward_rollout(obs, batch["rnn_state"][0], batch["done"])
-            next_values = model.values_to_returns(learners[1:])
+        # the trajectories a time limit cut, run whole for the values of their final observations
+        cut = steps["truncated"].any(0).nonzero().squeeze(1) if cfg.value_bootstrap else []
+        if len(cut):
+            _, learners = model.forward_rollout({key: value[:, cut] for key, value in obs.items()},
+                                                batch["rnn_state"][0][cut], batch["done"][:, cut])
+            next_values[:, cut] = model.values_to_returns(learners[1:])
         rewards, discounts = time_limit_bootstrap(steps, next_values, cfg)
         targets, advantages = gae(rewards, values, discounts, bootstrap, cfg.gae_lambda)
     return {"target": targets, "advantage": advantages}

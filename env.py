@@ -2311,21 +2311,21 @@ class PettingZooAgents(gym.Env):
         obs, rewards, terminations, truncations, infos = self.env.step(
             {agent: action for agent, action in zip(self.agent_names, actions) if agent in playing})
         self._length += 1
-        step_rewards, dones, cuts, step_infos = [], [], [], []
+        step_rewards, ends, cuts, step_infos = [], [], [], []
         for agent in self.agent_names:
             if agent in obs:
                 self._last_obs[agent] = self._converter(obs[agent])
             reward = float(rewards.get(agent, 0.0))
             self._returns[agent] += reward
             step_rewards.append(reward)
-            dones.append(agent not in playing or bool(terminations.get(agent)))
-            cuts.append(agent in playing and not dones[-1] and bool(truncations.get(agent)))  # by a time limit
+            ends.append(agent not in playing or bool(terminations.get(agent)))
+            cuts.append(agent in playing and not ends[-1] and bool(truncations.get(agent)))  # by a time limit
             step_infos.append(dict(infos.get(agent, {})) if agent in playing else {"agent_left": True})
         if not self.env.agents:  # the game is over for everyone
             for agent, info in zip(self.agent_names, step_infos):
                 info.update(true_return=self._returns[agent], true_length=self._length,
                             true_objective=self._returns[agent])
-        return [self._last_obs[agent] for agent in self.agent_names], step_rewards, dones, cuts, step_infos
+        return [self._last_obs[agent] for agent in self.agent_names], step_rewards, ends, cuts, step_infos
 
     def _empty_obs(self):
         space = self.observation_space

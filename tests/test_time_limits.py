@@ -236,3 +236,23 @@ def test_doom_basic_reports_its_timeout_as_a_truncation_through_the_trainers_env
         assert dones == [True] and truncations == [True] and 60 <= step < 80  # 300 tics / frameskip 4
     finally:
         agents.close()
+
+
+def test_gae_runs_only_the_cut_trajectories_for_their_final_observations_values(tmp_path):
+    """Beside a trajectory with no cut, a cut one's GAE targets are those it has alone (a random critic
+    and a GRU: the final observations' values come from the learner's own run along the trajectory)."""
+    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Cut-v0", "--value_bootstrap")
+    try:
+        cut = gather_slots(shared.slots, collect(worker, shared, 1))
+    finally:
+        worker.close()
+    whole = {key: value.clone() for key, value in cut.items()}  # the same steps, the episodes ended there
+    whole["done"] = whole["done"] + whole["truncated"]
+    whole["truncated"].zero_()
+    torch.manual_seed(0)
+    model = appo.ActorCritic(*probe.spaces, cfg)
+    cfg.with_vtrace = False
+    alone = [appo.gae_targets(model, batch, 0, cfg)["target"][:, 0] for batch in (whole, cut)]
+    both = appo.gae_targets(model, {key: torch.cat([whole[key], cut[key]], dim=1) for key in cut}, 0, cfg)["target"]
+    assert torch.allclose(both[:, 0], alone[0]) and torch.allclose(both[:, 1], alone[1])
+    assert not torch.allclose(alone[0], alone[1])
