@@ -757,22 +757,13 @@ def gae_targets(model: ActorCritic, batch: dict[str, torch.Tensor], policy_versi
 
     GAE runs over the values that acted. Step T holds only the bootstrap observation, which no
     policy worker evaluates (it becomes step 0 of the actor's next slot), so V(x_T) comes from the
-    weights about to train on the batch, with the RNN state that acting left there; so do the
-    values of the observations time limits cut episodes at (--value_bootstrap), which no policy
-    worker evaluates either.
+    weights about to train on the batch, with the RNN state that acting left there.
     """
-    steps, obs = steps_of(batch), {key: batch[key] for key in model.encoders}
+    steps = steps_of(batch)
     with torch.no_grad():
-        _, bootstrap, _ = model({key: value[-1] for key, value in obs.items()}, batch["rnn_state"][-1])
+        _, bootstrap, _ = model({key: batch[key][-1] for key in model.encoders}, batch["rnn_state"][-1])
         values, bootstrap = model.values_to_returns(steps["value"]), model.values_to_returns(bootstrap)
-        next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)])
-        # the trajectories a time limit cut, run whole for the values of their final observations
-        cut = steps["truncated"].any(0).nonzero().squeeze(1) if cfg.value_bootstrap else []
-        if len(cut):
-            _, learners = model.forward_rollout({key: value[:, cut] for key, value in obs.items()},
-                                                batch["rnn_state"][0][cut], batch["done"][:, cut])
-            next_values[:, cut] = model.values_to_returns(learners[1:])
-        rewards, discounts = time_limit_bootstrap(steps, next_values, cfg)
+        rewards, discounts = time_limit_bootstrap(steps, torch.cat([values[1:], bootstrap.unsqueeze(0)]), cfg)
         targets, advantages = gae(rewards, values, discounts, bootstrap, cfg.gae_lambda)
     return {"target": targets, "advantage": advantages}
 
@@ -1915,6 +1906,9 @@ class Actor:
         self.handed_version = version
 
 
+UNTAKEN = {"agent_left": True}  # the info of a position no env step filled: out of the loss, as a left agent's
+
+
 def action_request(worker: int, split: int, generation: int, actors: list[Actor]) -> tuple[int, ...]:
     """One message asks for the actions of every actor of a split that one policy acts for:
     (worker, split, generation, slot, step, slot, step, ...). The queue and the policy worker pay
@@ -1934,22 +1928,13 @@ class SyncGate:
         self.split_actors, self.learner_version = split_actors, learner_version
         self.parked: list[int] = []
 
-    def has_share(self, actor: Actor) -> bool:
-        """Has the actor handed off its share of a batch, acted by the latest weights?"""
-        return (actor.step == 0 and actor.handed_count >= self.rollouts_per_batch
-                and actor.handed_version >= int(self.learner_version[actor.policy_id]))
-
     def has_share_of_batch(self, split: int) -> bool:
-        """Has every actor of the split its share? Only when all of them have: an actor that restarted
-        its slot (its env was remade after a fault) must not be held back, or its slot would be
-        missing from the batch everyone waits for."""
-        return all(self.has_share(actor) for actor in self.split_actors[split])
-
-    def holds(self, env_actors: list[Actor]) -> bool:
-        """Does an env of a split still going wait, its actors' shares in? One fills its slots a step
-        early where a time limit's final observation took a position (--value_bootstrap); stepped
-        on, it would start its next share with the old weights, and the split never park again."""
-        return not self.asynchronous and all(self.has_share(actor) for actor in env_actors)
+        """Has every actor of the split handed off its share of a batch, acted by the latest weights?
+        Only when all of them have: an actor that restarted its slot (its env was remade after a
+        fault) must not be held back, or its slot would be missing from the batch everyone waits for."""
+        return all(actor.step == 0 and actor.handed_count >= self.rollouts_per_batch
+                   and actor.handed_version >= int(self.learner_version[actor.policy_id])
+                   for actor in self.split_actors[split])
 
     def lets_go(self, split: int) -> bool:
         """After a step of the split: may it ask for its next actions? If not, it is parked."""
@@ -2172,6 +2157,7 @@ class RolloutWorker:
         self.times = StageTimes("step")  # stepping envs, for the runner's share of busy time
         self.resend_epoch = int(shared.run.resend_epoch[0])
         self.episodes_per_env = [0] * len(self.envs)
+        self.next_episode = [None] * len(self.envs)  # per env: its reset observations, a step after a cut
         self.past_policy = past_policy_id(cfg)
         self.has_reward_shaping = any(name.startswith("reward/") for name in shared.hyperparams.names)
         self.gate = SyncGate(cfg, self.split_actors, shared.run.learner_version,
@@ -2202,7 +2188,7 @@ class RolloutWorker:
         """A failed env is made again; its actors restart their slots from step 0, so the partial
         trajectories (and whatever the env returned before failing) never reach the learner."""
         self.remake_env(env_id, env_actors, error)
-        obs = self.envs[env_id].reset()
+        obs, self.next_episode[env_id] = self.envs[env_id].reset(), None
         for actor in env_actors:
             actor.step = 0
             self.write_obs(actor, obs[actor.agent])
@@ -2238,6 +2224,7 @@ class RolloutWorker:
             self.shared.request_queues[policy_id].put(action_request(self.worker_id, split, generation, policy_actors))
 
     def reset_all(self):
+        self.next_episode = [None] * len(self.envs)
         for actor in self.actors:
             self.apply_reward_shaping(actor)
         for env_id, env in enumerate(self.envs):
@@ -2291,15 +2278,24 @@ class RolloutWorker:
     def step_split(self, split: int) -> bool:
         frames = 0
         for env_id, env_actors in self.split_envs[split]:
-            if self.gate.holds(env_actors):
-                continue
             env = self.envs[env_id]
+            if self.next_episode[env_id] is not None:  # after a time limit's cut: a position nobody steps
+                obs, self.next_episode[env_id] = self.next_episode[env_id], None
+                for actor in env_actors:
+                    self.record_step(actor, obs[actor.agent], 0.0, True, False, UNTAKEN)
+                    if actor.step == self.cfg.rollout and not self.finish_slot(actor):
+                        return False
+                if not self.between_episodes(env_id, env_actors):
+                    return False
+                continue
             actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
             try:
                 with self.times("step"):
                     obs, rewards, dones, truncations, infos = env.step(actions)
-                    final_obs = obs
-                    if all(dones):
+                    cuts = [bool(cut) and self.cfg.value_bootstrap for cut in truncations]
+                    if all(dones) and any(cuts):  # the final observations take the next position first
+                        self.next_episode[env_id] = env.reset()
+                    elif all(dones):
                         obs = env.reset()
             except Exception as error:
                 self.replace_env(env_id, env_actors, error)
@@ -2307,12 +2303,11 @@ class RolloutWorker:
             frames += self.cfg.env_frameskip * len(env_actors)  # every agent's frames, as the learner counts them
             for actor in env_actors:
                 agent = actor.agent
-                cut_at = final_obs[agent] if self.cfg.value_bootstrap and truncations[agent] else None
-                if not self.record_step(actor, obs[agent], rewards[agent], dones[agent], infos[agent], cut_at):
-                    return False
+                self.record_step(actor, obs[agent], rewards[agent], dones[agent] and not cuts[agent], cuts[agent],
+                                 infos[agent])
                 if actor.step == self.cfg.rollout and not self.finish_slot(actor):
                     return False
-            if all(dones) and not self.between_episodes(env_id, env_actors):
+            if all(dones) and self.next_episode[env_id] is None and not self.between_episodes(env_id, env_actors):
                 return False
         self.shared.run.worker_frames[self.worker_id] += frames
         return True
@@ -2364,26 +2359,17 @@ class RolloutWorker:
             envs.set_reward_shaping(self.envs[actor.env_id], actor.agent, weights)
             actor.reward_shaping_version = version
 
-    def record_step(self, actor: Actor, obs, reward, done, info, cut_at=None) -> bool:
-        """Writes a step's outcome and the next observation. `cut_at`, with --value_bootstrap: the
-        observation a time limit cut the episode at (gymnasium's truncated). It takes the next
-        position, a step nobody takes, kept out of the loss (done there, not at the cut step, so the
-        learner's core runs on into it); the losses bootstrap the cut step with its value, and
-        the new episode starts one position later. False if the run stops meanwhile."""
+    def record_step(self, actor: Actor, obs, reward, done, truncated, info):
+        """Writes a step's outcome and the next observation. A step a time limit cut (--value_bootstrap:
+        `truncated`, and not done) is followed by the episode's final observation, which the policy
+        acts on (its value bootstraps the cut step; the learner's core runs on into it) and no env
+        step takes (UNTAKEN: out of the loss, done there); the new episode starts one position later."""
         self.arrays["reward"][actor.slot, actor.step] = reward
-        self.arrays["done"][actor.slot, actor.step] = float(done and cut_at is None)
-        self.arrays["truncated"][actor.slot, actor.step] = float(cut_at is not None)
+        self.arrays["done"][actor.slot, actor.step] = float(done)
+        self.arrays["truncated"][actor.slot, actor.step] = float(truncated)
         if info.get("agent_left"):  # an agent out of the game (env.PettingZooAgents): its action did nothing
             self.arrays["valid"][actor.slot, actor.step] = 0.0
         actor.step += 1
-        if cut_at is not None:
-            self.write_obs(actor, cut_at)  # its RNN state: the one the policy worker wrote after the cut step
-            if actor.step == self.cfg.rollout:  # it bootstraps this slot; the next one starts the new episode
-                if not self.finish_slot(actor):
-                    return False
-            else:
-                self.write_untaken_step(actor)
-                actor.step += 1
         self.write_obs(actor, obs)
         if done:  # the policy worker already wrote the next RNN state; a new episode starts fresh
             self.arrays["rnn_state"][actor.slot, actor.step] = 0.0
@@ -2392,17 +2378,6 @@ class RolloutWorker:
                                          "true_return": float(info["true_return"]),
                                          "true_objective": float(info.get("true_objective", info["true_return"])),
                                          "true_length": int(info["true_length"])})
-        return True
-
-    def write_untaken_step(self, actor: Actor):
-        """The fields of a position that holds an observation but no step: out of the loss, the core
-        reset after it, and every number zero (a field of your own from acting_fields too)."""
-        slot, step = actor.slot, actor.step
-        for key, array in self.arrays.items():
-            if key not in self.obs_keys and key != "rnn_state":
-                array[slot, step] = 0
-        self.arrays["done"][slot, step] = 1.0
-        self.arrays["policy_version"][slot, step] = self.arrays["policy_version"][slot, step - 1]  # lag stats
 
     def start(self) -> bool:
         """Resets every env and asks for the first actions; False if the run stopped meanwhile."""

@@ -82,8 +82,9 @@ def test_a_cut_episode_leaves_its_final_observation_in_the_slot_and_the_next_sta
         assert arrays["reward"][first, :ROLLOUT].tolist() == [1, 1, 1, 1, 0, 1, 1, 1, 1]
         # the final observation's RNN state is the one acting left after the cut step; a new episode starts at 0
         assert arrays["rnn_state"][first, [4, 9]].min() == 1.0 and arrays["rnn_state"][first, 5].max() == 0.0
-        # the first slot ended on a final observation: the next starts the new episode
-        assert arrays["obs"][second, 0, 0] == 0 and arrays["rnn_state"][second, 0].max() == 0.0
+        # the first slot ended on a final observation, which the next goes on from; its new episode a step later
+        assert arrays["obs"][second, :2, 1].tolist() == [0, 1] and arrays["rnn_state"][second, 0].min() == 1.0
+        assert arrays["valid"][second, :2].tolist() == [0, 1] and arrays["rnn_state"][second, 1].max() == 0.0
     finally:
         worker.close()
 
@@ -168,13 +169,14 @@ def test_in_a_multi_agent_env_only_the_agent_a_time_limit_cut_keeps_its_final_ob
             assert worker.step_split(0)
         arrays, steps = shared.slots.arrays, pz_envs.LIMIT_STEPS
         cut, ends, stays = (by_name[name].slot for name in ("cut", "ends", "stays"))
-        assert arrays["truncated"][cut, :steps + 2].tolist() == [0, 0, 1, 0, 0]
-        assert arrays["done"][cut, :steps + 2].tolist() == [0, 0, 0, 1, 1]  # then it has left the game
-        assert arrays["valid"][cut, :steps + 2].tolist() == [1, 1, 1, 0, 0]
-        assert arrays["obs"][cut, steps, 0] == steps  # its final observation, after its last step
+        # its step after the cut is one out of the game, at its final observation: that value bootstraps the cut
+        assert arrays["truncated"][cut, :steps + 1].tolist() == [0, 0, 1, 0]
+        assert arrays["done"][cut, :steps + 1].tolist() == [0, 0, 0, 1]
+        assert arrays["valid"][cut, :steps + 1].tolist() == [1, 1, 1, 0]
+        assert arrays["obs"][cut, steps, 0] == steps
         assert arrays["truncated"][ends].max() == 0 and arrays["done"][ends, :steps + 1].tolist() == [0, 0, 1, 1]
         assert arrays["truncated"][stays].max() == 0 and arrays["done"][stays, :steps + 1].max() == 0
-        assert by_name["cut"].step == steps + 2 and by_name["ends"].step == by_name["stays"].step == steps + 1
+        assert by_name["cut"].step == by_name["ends"].step == by_name["stays"].step == steps + 1
     finally:
         worker.close()
 
@@ -236,23 +238,3 @@ def test_doom_basic_reports_its_timeout_as_a_truncation_through_the_trainers_env
         assert dones == [True] and truncations == [True] and 60 <= step < 80  # 300 tics / frameskip 4
     finally:
         agents.close()
-
-
-def test_gae_runs_only_the_cut_trajectories_for_their_final_observations_values(tmp_path):
-    """Beside a trajectory with no cut, a cut one's GAE targets are those it has alone (a random critic
-    and a GRU: the final observations' values come from the learner's own run along the trajectory)."""
-    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Cut-v0", "--value_bootstrap")
-    try:
-        cut = gather_slots(shared.slots, collect(worker, shared, 1))
-    finally:
-        worker.close()
-    whole = {key: value.clone() for key, value in cut.items()}  # the same steps, the episodes ended there
-    whole["done"] = whole["done"] + whole["truncated"]
-    whole["truncated"].zero_()
-    torch.manual_seed(0)
-    model = appo.ActorCritic(*probe.spaces, cfg)
-    cfg.with_vtrace = False
-    alone = [appo.gae_targets(model, batch, 0, cfg)["target"][:, 0] for batch in (whole, cut)]
-    both = appo.gae_targets(model, {key: torch.cat([whole[key], cut[key]], dim=1) for key in cut}, 0, cfg)["target"]
-    assert torch.allclose(both[:, 0], alone[0]) and torch.allclose(both[:, 1], alone[1])
-    assert not torch.allclose(alone[0], alone[1])
