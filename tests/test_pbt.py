@@ -193,7 +193,7 @@ def test_an_actor_handed_to_another_policy_sends_its_partial_slot_to_the_old_lea
         for step in range(3):  # three steps of an episode that ended on the third
             arrays["actions"][old_slot, step] = 1
             arrays["policy_version"][old_slot, step] = 7
-            worker.record_step(actor, arrays["obs"][old_slot, step], 1.0, step == 2, {})
+            worker.record_step(actor, arrays["obs"][old_slot, step], 1.0, step == 2, False, {})
         arrays["actions"][old_slot, 3:] = 99  # stale data from the slot's last use
         assert worker.hand_over(actor, new_policy)
         assert actor.policy_id == new_policy and actor.step == 0 and actor.slot != old_slot

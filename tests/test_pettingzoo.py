@@ -114,6 +114,6 @@ def test_the_rollout_worker_keeps_the_steps_of_an_agent_that_left_out_of_the_los
         obs_keys=["obs"], past_policy=None, shared=types.SimpleNamespace(stats_queue=queue.Queue()))
     worker.write_obs = lambda actor, obs: appo.RolloutWorker.write_obs(worker, actor, obs)
     actor = types.SimpleNamespace(slot=0, step=0, policy_id=0)
-    appo.RolloutWorker.record_step(worker, actor, np.ones(2), 0.0, True, {"agent_left": True})
-    appo.RolloutWorker.record_step(worker, actor, np.ones(2), 1.0, False, {})
+    appo.RolloutWorker.record_step(worker, actor, np.ones(2), 0.0, True, False, {"agent_left": True})
+    appo.RolloutWorker.record_step(worker, actor, np.ones(2), 1.0, False, False, {})
     assert worker.arrays["valid"][0].tolist() == [0.0, 1.0, 1.0]
