@@ -2281,6 +2281,7 @@ class RolloutWorker:
             env = self.envs[env_id]
             if self.next_episode[env_id] is not None:  # after a time limit's cut: a position nobody steps
                 obs, self.next_episode[env_id] = self.next_episode[env_id], None
+                frames += self.cfg.env_frameskip * len(env_actors)  # a position of the slots, as the learner counts
                 for actor in env_actors:
                     self.record_step(actor, obs[actor.agent], 0.0, True, False, UNTAKEN)
                     if actor.step == self.cfg.rollout and not self.finish_slot(actor):
