@@ -34,6 +34,7 @@ import contextlib
 import ctypes
 import dataclasses
 import faulthandler
+import fnmatch
 import glob
 import importlib.util
 import inspect
@@ -1056,6 +1057,11 @@ def build_parser() -> argparse.ArgumentParser:
     positive(system.add_argument("--remap_policies_every", type=int, default=5,
                                  help="with several policies: each env's agents are handed to new random policies "
                                       "after this many of its episodes (self-play meets every pairing)"))
+    system.add_argument("--agent_policies", default=None,
+                        help='pins agents to policies, "AGENT=POLICY,...": AGENT an agent of the env (a PettingZoo '
+                             'agent\'s name, or a glob such as "adversary_*"; a Doom player\'s index, 0 first), '
+                             "POLICY a policy's index; every agent needs one, and a pinned agent keeps its policy "
+                             "(default: random policies, drawn again every --remap_policies_every episodes)")
     system.add_argument("--past_opponents_fraction", type=float, default=0.0,
                         help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
                              "version of the population instead of a learning policy, drawn at every remap")
@@ -1291,6 +1297,32 @@ def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
     return []
 
 
+def pinned_policies(cfg, agent_names: list[str]) -> tuple[list[int | None], list[str]]:
+    """--agent_policies: (each agent's policy, in the env's order of agents; the mistakes): a rule that
+    matches no agent, an agent that no rule or two rules with different policies match."""
+    policies: list[int | None] = [None] * len(agent_names)
+    errors = []
+    for rule in cfg.agent_policies.split(","):
+        pattern, _, policy = rule.strip().rpartition("=")
+        if not pattern or not policy.strip().isdigit() or int(policy) >= cfg.num_policies:
+            errors.append(f'--agent_policies: "{rule.strip()}" is not AGENT=POLICY with POLICY one of 0 to '
+                          f"{cfg.num_policies - 1} (--num_policies {cfg.num_policies})")
+            continue
+        matched = [i for i, name in enumerate(agent_names) if fnmatch.fnmatchcase(name, pattern.strip())]
+        if not matched:
+            errors.append(f'--agent_policies: "{pattern.strip()}" names no agent of {cfg.env}, whose agents are '
+                          f"{', '.join(agent_names)}")
+        for i in matched:
+            if policies[i] not in (None, int(policy)):
+                errors.append(f"--agent_policies: agent {agent_names[i]} is given policies {policies[i]} and {policy}")
+            policies[i] = int(policy)
+    unpinned = [name for name, policy in zip(agent_names, policies) if policy is None]
+    if unpinned and not errors:
+        errors.append(f"--agent_policies gives no policy to agent(s) {', '.join(unpinned)} of {cfg.env}: "
+                      "every agent needs one")
+    return policies, errors
+
+
 def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
     """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
     errors = []
@@ -1298,6 +1330,11 @@ def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
         errors += synchronous_errors(cfg, probe.num_agents)
     if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
         errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
+    if cfg.agent_policies:
+        errors += pinned_policies(cfg, probe.agent_names)[1]
+        if cfg.past_opponents_fraction > 0:
+            errors.append("--past_opponents_fraction draws opponents when agents change policies, which "
+                          "--agent_policies stops: drop one of them")
     try:
         continuous = not isinstance(action_distribution(probe.spaces[1]), Categoricals)
     except ValueError as error:
@@ -2142,8 +2179,10 @@ class RolloutWorker:
             for i in range(cfg.num_envs_per_worker):
                 env = self.make_env(i)
                 self.envs.append(env)
+                pinned = pinned_policies(cfg, envs.get_agent_names(env.env))[0] if cfg.agent_policies else None
                 for agent in range(env.num_agents):
-                    self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies)))
+                    self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies) if pinned is None
+                                             else pinned[agent]))
         except BaseException:  # a failed env or a stop request: close the envs made so far
             self.close()
             raise
@@ -2317,7 +2356,8 @@ class RolloutWorker:
         """After an env's episode: every few episodes its agents go to new random policies (with
         several policies), and each agent's env takes its policy's latest reward shaping."""
         self.episodes_per_env[env_id] += 1
-        if num_acting_policies(self.cfg) > 1 and self.episodes_per_env[env_id] % self.cfg.remap_policies_every == 0:
+        if (num_acting_policies(self.cfg) > 1 and not self.cfg.agent_policies
+                and self.episodes_per_env[env_id] % self.cfg.remap_policies_every == 0):
             for actor in env_actors:
                 if not self.hand_over(actor, self.draw_policy(actor)):
                     return False
@@ -3256,6 +3296,7 @@ class EnvProbe:
     spaces: tuple[spaces.Space, spaces.Space]    # (observation space, action space)
     num_agents: int
     reward_shaping: dict[str, float] | None      # the env's default shaping weights, if it has any
+    agent_names: list[str] = dataclasses.field(default_factory=list)  # in the order of the env's lists (envs.get_agent_names)
 
 
 def probe_env(cfg) -> EnvProbe:
@@ -3263,7 +3304,7 @@ def probe_env(cfg) -> EnvProbe:
         probe = make_env(cfg, env_index=0)
         try:
             return EnvProbe((probe.observation_space, probe.action_space), probe.num_agents,
-                            envs.reward_shaping_weights(probe.env))
+                            envs.reward_shaping_weights(probe.env), envs.get_agent_names(probe.env))
         finally:
             probe.close()
 

@@ -281,6 +281,13 @@ def get_num_agents(env: gym.Env) -> int:
     return int(num_agents)
 
 
+def get_agent_names(env: gym.Env) -> list[str]:
+    """The agents' names in the order of the env's lists: a PettingZoo env's possible_agents, else
+    their indices ("0", "1", ...)."""
+    names = getattr(env, "agent_names", None) or getattr(env.unwrapped, "agent_names", None)
+    return [str(name) for name in names] if names else [str(agent) for agent in range(get_num_agents(env))]
+
+
 def _env_problem(name: str, cfg=None) -> Problem:
     """(exception type, one-line message) describing why `name` cannot be created, or None."""
     family = family_of(name)

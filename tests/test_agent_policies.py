@@ -1,0 +1,66 @@
+"""--agent_policies: agents pinned to policies by name (PettingZoo) or index (Doom players), checked
+against the env's agents before anything starts."""
+import types
+
+import pytest
+
+import appo
+import env as envs
+
+
+def pinned(mapping: str, names: list[str], num_policies: int = 2):
+    cfg = types.SimpleNamespace(agent_policies=mapping, num_policies=num_policies, env="test_env")
+    return appo.pinned_policies(cfg, names)
+
+
+def test_rules_pin_agents_by_name_glob_or_index():
+    assert pinned("adversary_*=0,agent_*=1", ["adversary_0", "adversary_1", "agent_0"]) == ([0, 0, 1], [])
+    assert pinned("1=0, 0=1", ["0", "1"]) == ([1, 0], [])  # a Doom duel's two players, swapped
+    assert pinned("*=1", ["a", "b"]) == ([1, 1], [])
+
+
+@pytest.mark.parametrize("mapping, names, line", [
+    ("a=0", ["a", "b"], "gives no policy to agent(s) b of test_env"),
+    ("a=0,b=1,c=1", ["a", "b"], '"c" names no agent of test_env, whose agents are a, b'),
+    ("a=0,b=2", ["a", "b"], '"b=2" is not AGENT=POLICY with POLICY one of 0 to 1 (--num_policies 2)'),
+    ("a=0,b", ["a", "b"], '"b" is not AGENT=POLICY'),
+    ("*=0,b=1", ["a", "b"], "agent b is given policies 0 and 1"),
+])
+def test_a_mapping_that_leaves_out_or_invents_an_agent_is_refused(mapping, names, line):
+    assert any(line in error for error in pinned(mapping, names)[1])
+
+
+def test_a_run_with_a_wrong_mapping_stops_before_it_starts(tmp_path, capsys):
+    code = appo.main(["--env", "pz:pz_envs:masked_and_leaving", "--num_policies", "2", "--async_rl",
+                      "--agent_policies", "a=0,b=1,x=1", "--train_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and '"x" names no agent of pz:pz_envs:masked_and_leaving, whose agents are a, b, c' in err
+    assert "gives no policy to agent(s) c" not in err  # one mistake at a time: the unknown name first
+
+
+def test_pinned_agents_keep_their_policies_across_episodes(tmp_path):
+    cfg = appo.parse_args(["--env", "pz:pz_envs:time_limited", "--num_policies", "2", "--agent_policies",
+                           "cut=1,ends=0,stays=1", "--remap_policies_every", "1", "--async_rl", "--num_workers", "1",
+                           "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--rollout", "8",
+                           "--train_dir", str(tmp_path)])
+    probe = appo.probe_env(cfg)
+    assert probe.agent_names == ["cut", "ends", "stays"]
+    shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
+    worker = appo.RolloutWorker(0, 0, cfg, shared)
+    try:
+        assert worker.reset_all()
+        for _ in range(40):  # games of 12 steps: a remap after each, were the agents not pinned
+            assert worker.step_split(0)
+            for policy in range(2):
+                while shared.learner_queues[policy].qsize():
+                    slot, generation, owner = shared.learner_queues[policy].get(timeout=1)
+                    assert shared.slots.control.transfer(slot, owner, generation, appo.learner_owner(cfg, policy))
+                    shared.slots.control.release([slot])
+        assert worker.episodes_per_env == [3, 3]
+        assert [actor.policy_id for actor in worker.actors] == [1, 0, 1] * 2
+    finally:
+        worker.close()
+
+
+def test_agent_names_are_a_pettingzoo_envs_own_or_the_players_indices():
+    assert envs.get_agent_names(types.SimpleNamespace(num_agents=2, unwrapped=None)) == ["0", "1"]
