@@ -3296,7 +3296,7 @@ class EnvProbe:
     spaces: tuple[spaces.Space, spaces.Space]    # (observation space, action space)
     num_agents: int
     reward_shaping: dict[str, float] | None      # the env's default shaping weights, if it has any
-    agent_names: list[str] = dataclasses.field(default_factory=list)  # in the order of the env's lists (envs.get_agent_names)
+    agent_names: list[str] = dataclasses.field(default_factory=list)  # in the order of the env's lists
 
 
 def probe_env(cfg) -> EnvProbe:
