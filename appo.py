@@ -4657,15 +4657,28 @@ def evaluate(cfg) -> int:
         path = cfg.video_path or os.path.join(experiment_dir(cfg), f"eval_p{cfg.policy_index}.mp4")
         video = VideoWriter(path, envs.game_fps(cfg.env) / cfg.env_frameskip, cfg.video_frames)
     try:
-        model = ActorCritic(env.observation_space, env.action_space, cfg).eval()
-        mismatch = checkpoint_mismatch(model, checkpoint["model"])
-        if mismatch:
-            raise CheckpointError(f"the checkpoint does not fit {cfg.env}'s model ({mismatch})")
-        model.load_state_dict(checkpoint["model"])  # checkpoints load on the CPU, wherever they were saved
-        model.to(cfg.device)
-        print(f"playing {cfg.env} on {cfg.device} with policy version {checkpoint['policy_version']} "
-              f"({checkpoint['env_frames']:,} env frames of training)", flush=True)
-        games = play_games(cfg, env, model, video)
+        # --agent_policies: each agent plays its policy's latest checkpoint; else every agent the one above
+        pinned = [cfg.policy_index] * env.num_agents
+        if cfg.agent_policies:
+            pinned, errors = pinned_policies(cfg, envs.get_agent_names(env.env))
+            if errors:
+                raise CheckpointError(errors[0])
+        models = {}
+        for policy in sorted(set(pinned)):
+            saved = checkpoint if policy == cfg.policy_index else load_latest_checkpoint(cfg, policy)
+            if saved is None:
+                raise CheckpointError(f"no checkpoint in {checkpoint_dir(cfg, policy)} for --agent_policies' policy "
+                                      f"{policy}: train the experiment with it first")
+            model = ActorCritic(env.observation_space, env.action_space, cfg).eval()
+            mismatch = checkpoint_mismatch(model, saved["model"])
+            if mismatch:
+                raise CheckpointError(f"the checkpoint does not fit {cfg.env}'s model ({mismatch})")
+            model.load_state_dict(saved["model"])  # checkpoints load on the CPU, wherever they were saved
+            models[policy] = model.to(cfg.device)
+            which = f"policy {policy}'s version" if cfg.agent_policies else "policy version"
+            print(f"playing {cfg.env} on {cfg.device} with {which} {saved['policy_version']} "
+                  f"({saved['env_frames']:,} env frames of training)", flush=True)
+        games = play_games(cfg, env, [models[policy] for policy in pinned], video)
     finally:
         env.close()
         if video is not None:
@@ -4674,6 +4687,7 @@ def evaluate(cfg) -> int:
     lengths = np.array([game["length"] for game in games])
     for agent in range(returns.shape[1]):
         prefix = f"agent {agent} " if returns.shape[1] > 1 else ""
+        prefix += f"(policy {pinned[agent]}) " if cfg.agent_policies else ""
         print(f"{prefix}mean return {returns[:, agent].mean():.2f} +- {returns[:, agent].std():.2f} over "
               f"{len(games)} games; mean length {lengths.mean():,.0f} env frames", flush=True)
     if video is not None and video.num_frames:
@@ -4682,11 +4696,16 @@ def evaluate(cfg) -> int:
     return 0
 
 
-def play_games(cfg, env: Agents, model: ActorCritic, video: VideoWriter | None) -> list[dict]:
-    """Steps `env` until --max_num_episodes games ended; returns each game's per-agent true return."""
+def play_games(cfg, env: Agents, models: list[ActorCritic], video: VideoWriter | None) -> list[dict]:
+    """Steps `env` until --max_num_episodes games ended, each agent acting with its model in `models`
+    (one may act for several); returns each game's per-agent true return."""
     num_agents, device = env.num_agents, torch.device(cfg.device)
     obs_keys = list(obs_shapes(env.observation_space))
     rnn_state = torch.zeros(num_agents, rnn_state_size(cfg), device=device)
+    teams = {}  # a model and the agents it acts for
+    for agent, model in enumerate(models):
+        teams.setdefault(id(model), (model, []))[1].append(agent)
+    teams = [(model, torch.as_tensor(agents, device=device)) for model, agents in teams.values()]
     obs = env.reset()
     games, finished_returns = [], [None] * num_agents
     while len(games) < cfg.max_num_episodes:
@@ -4694,10 +4713,14 @@ def play_games(cfg, env: Agents, model: ActorCritic, video: VideoWriter | None) 
             video.add(env.render(), f"score {game_score(env.env):g}")
         obs_batch = {key: torch.as_tensor(np.stack([o[key] if isinstance(o, dict) else o for o in obs])).to(device)
                      for key in obs_keys}
+        actions = [None] * num_agents
         with torch.no_grad():
-            logits, _, rnn_state = model(obs_batch, rnn_state)
-        actions = (model.action_dist.mode(logits) if cfg.eval_deterministic
-                   else model.action_dist.sample(logits)).cpu().numpy()
+            for model, agents in teams:
+                logits, _, rnn_state[agents] = model({key: value[agents] for key, value in obs_batch.items()},
+                                                     rnn_state[agents])
+                chosen = model.action_dist.mode(logits) if cfg.eval_deterministic else model.action_dist.sample(logits)
+                for agent, row in zip(agents.tolist(), chosen.cpu().numpy()):
+                    actions[agent] = row
         env_actions = [env_action(env.action_space, row) for row in actions]
         obs, rewards, dones, _, infos = env.step(env_actions)
         for agent, info in enumerate(infos):

@@ -64,3 +64,16 @@ def test_pinned_agents_keep_their_policies_across_episodes(tmp_path):
 
 def test_agent_names_are_a_pettingzoo_envs_own_or_the_players_indices():
     assert envs.get_agent_names(types.SimpleNamespace(num_agents=2, unwrapped=None)) == ["0", "1"]
+
+
+def test_eval_plays_each_pinned_agent_with_its_policys_checkpoint(tmp_path, capsys):
+    common = ["--env", "pz:pz_envs:time_limited", "--num_policies", "2", "--agent_policies", "cut=1,ends=0,stays=1",
+              "--train_dir", str(tmp_path), "--experiment", "pinned", "--seed", "1", "--async_rl"]
+    assert appo.main([*common, "--serial_mode", "--num_workers", "1", "--num_envs_per_worker", "2",
+                      "--rollout", "8", "--batch_size", "16", "--train_for_env_steps", "600"]) == 0
+    capsys.readouterr()
+    assert appo.main([*common, "--mode", "eval", "--max_num_episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "with policy 0's version" in out and "with policy 1's version" in out
+    assert all(f"agent {agent} (policy {policy}) mean return" in out for agent, policy in enumerate([1, 0, 1]))
+    assert appo.main([*common[:5], "x=0", *common[6:], "--mode", "eval"]) == 2  # a wrong rule stops it too
