@@ -1060,8 +1060,9 @@ def build_parser() -> argparse.ArgumentParser:
     system.add_argument("--agent_policies", default=None,
                         help='pins agents to policies, "AGENT=POLICY,...": AGENT an agent of the env (a PettingZoo '
                              'agent\'s name, or a glob such as "adversary_*"; a Doom player\'s index, 0 first), '
-                             "POLICY a policy's index; every agent needs one, and a pinned agent keeps its policy "
-                             "(default: random policies, drawn again every --remap_policies_every episodes)")
+                             "POLICY a policy's index (or, in --mode eval, random: uniform random actions); every agent "
+                             "needs one, and a pinned agent keeps its policy (default: random policies of the agent's "
+                             "group, drawn again every --remap_policies_every episodes)")
     system.add_argument("--past_opponents_fraction", type=float, default=0.0,
                         help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
                              "version of the population instead of a learning policy, drawn at every remap")
@@ -1297,6 +1298,9 @@ def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
     return []
 
 
+RANDOM_PLAY = -1  # --agent_policies' "random" in an evaluation: uniform random actions
+
+
 def pinned_policies(cfg, agent_names: list[str]) -> tuple[list[int | None], list[str]]:
     """--agent_policies: (each agent's policy, in the env's order of agents; the mistakes): a rule that
     matches no agent, an agent that no rule or two rules with different policies match."""
@@ -1304,9 +1308,11 @@ def pinned_policies(cfg, agent_names: list[str]) -> tuple[list[int | None], list
     errors = []
     for rule in cfg.agent_policies.split(","):
         pattern, _, policy = rule.strip().rpartition("=")
-        if not pattern or not policy.strip().isdigit() or int(policy) >= cfg.num_policies:
+        policy = str(RANDOM_PLAY) if policy.strip() == "random" and cfg.mode == "eval" else policy.strip()
+        if not pattern or not (policy.isdigit() or policy == str(RANDOM_PLAY)) or int(policy) >= cfg.num_policies:
+            also = " (or random, in --mode eval)" if cfg.mode == "eval" else ""
             errors.append(f'--agent_policies: "{rule.strip()}" is not AGENT=POLICY with POLICY one of 0 to '
-                          f"{cfg.num_policies - 1} (--num_policies {cfg.num_policies})")
+                          f"{cfg.num_policies - 1} (--num_policies {cfg.num_policies}){also}")
             continue
         matched = [i for i, name in enumerate(agent_names) if fnmatch.fnmatchcase(name, pattern.strip())]
         if not matched:
@@ -1323,6 +1329,63 @@ def pinned_policies(cfg, agent_names: list[str]) -> tuple[list[int | None], list
     return policies, errors
 
 
+class Groups(typing.NamedTuple):
+    """Agents with the same (observation space, action space) form a group, in the env's order of
+    agents. Each policy acts for the agents of one group, with a model built from its spaces, and
+    its learner trains on their steps only (predators and prey, a speaker and a listener)."""
+    spaces: list[tuple[spaces.Space, spaces.Space]]  # each group's
+    of_agent: list[int]                               # each agent's group
+    of_policy: list[int]                              # each acting policy's group (past versions: group 0)
+
+    def policy_spaces(self, policy_id: int) -> tuple[spaces.Space, spaces.Space]:
+        return self.spaces[self.of_policy[policy_id]]
+
+    def policies(self, group: int, cfg) -> list[int]:
+        """The learning policies of a group: those an agent of it may be given."""
+        return [policy for policy in range(cfg.num_policies) if self.of_policy[policy] == group]
+
+
+def agent_groups(cfg, agent_spaces: list[tuple[spaces.Space, spaces.Space]], agent_names: list[str]
+                 ) -> tuple[Groups, list[str]]:
+    """(the env's groups and each policy's, the mistakes). A policy's group is its agents' under
+    --agent_policies, else policy i serves group i % (number of groups)."""
+    group_spaces, of_agent = [], []
+    for pair in agent_spaces:
+        if pair not in group_spaces:
+            group_spaces.append(pair)
+        of_agent.append(group_spaces.index(pair))
+    names = agent_names or [str(agent) for agent in range(len(agent_spaces))]
+    members = [[name for name, group in zip(names, of_agent) if group == g] for g in range(len(group_spaces))]
+    described = "; ".join(f"{', '.join(agents)}: {obs} and {action}"
+                          for agents, (obs, action) in zip(members, group_spaces))
+    of_policy, errors = [policy % len(group_spaces) for policy in range(num_acting_policies(cfg))], []
+    if cfg.agent_policies:
+        pinned = pinned_policies(cfg, names)[0]
+        for policy in range(cfg.num_policies):
+            groups = sorted({of_agent[agent] for agent, to in enumerate(pinned) if to == policy})
+            if len(groups) > 1:
+                errors.append(f"--agent_policies puts agents with different spaces in policy {policy}, and a policy "
+                              f"has one model: {described}")
+            elif not groups and None not in pinned and cfg.mode == "train":
+                errors.append(f"--agent_policies gives policy {policy} no agent (--num_policies {cfg.num_policies}): "
+                              "it would never train, and the run never reach its budget")
+            else:
+                of_policy[policy] = groups[0] if groups else 0
+    elif cfg.num_policies < len(group_spaces):
+        errors.append(f"{cfg.env}'s agents form {len(group_spaces)} groups with different spaces ({described}), "
+                      f"and each group needs a policy of its own: --num_policies {len(group_spaces)} (or more), or "
+                      "--agent_policies")
+    sizes = [of_policy[:cfg.num_policies].count(group) for group in range(len(group_spaces))]
+    if len(group_spaces) > 1 and getattr(cfg, "with_pbt", False) and max(sizes) < 2:
+        errors.append(f"--with_pbt ranks the policies of a group against each other (policies of groups with "
+                      f"different spaces cannot copy each other's weights), and {cfg.env}'s {len(group_spaces)} "
+                      f"groups have {'/'.join(map(str, sizes))} policies: use --num_policies {2 * len(group_spaces)}")
+    if len(group_spaces) > 1 and cfg.past_opponents_fraction > 0:
+        errors.append(f"--past_opponents_fraction is for agents of one group, and {cfg.env}'s form "
+                      f"{len(group_spaces)}: drop it")
+    return Groups(group_spaces, of_agent, of_policy), errors
+
+
 def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
     """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
     errors = []
@@ -1330,25 +1393,27 @@ def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
         errors += synchronous_errors(cfg, probe.num_agents)
     if cfg.past_opponents_fraction > 0 and probe.num_agents < 2:
         errors.append(f"--past_opponents_fraction needs a multi-agent env (e.g. doom_duel); {cfg.env} has one agent")
-    if cfg.agent_policies:
-        errors += pinned_policies(cfg, probe.agent_names)[1]
-        if cfg.past_opponents_fraction > 0:
-            errors.append("--past_opponents_fraction draws opponents when agents change policies, which "
-                          "--agent_policies stops: drop one of them")
-    try:
-        continuous = not isinstance(action_distribution(probe.spaces[1]), Categoricals)
-    except ValueError as error:
-        return errors + [f"--env {cfg.env}: {error}"]
-    mask_error = action_mask_error(*probe.spaces)
-    if mask_error:
-        errors.append(f"--env {cfg.env}: {mask_error}")
-    if continuous and cfg.exploration_loss == "symmetric_kl":
-        errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
-                      "use --exploration_loss entropy")
-    elif ACTION_MASK in obs_shapes(probe.spaces[0]) and cfg.exploration_loss == "symmetric_kl":
-        errors.append(f"--exploration_loss symmetric_kl measures the policy against a uniform one over all actions, "
-                      f"and {cfg.env} masks some: use --exploration_loss entropy")
-    return errors
+    mapping_errors = pinned_policies(cfg, probe.agent_names)[1] if cfg.agent_policies else []
+    if cfg.agent_policies and cfg.past_opponents_fraction > 0:
+        mapping_errors.append("--past_opponents_fraction draws opponents when agents change policies, which "
+                              "--agent_policies stops: drop one of them")
+    groups, group_errors = agent_groups(cfg, probe.agent_spaces, probe.agent_names)
+    errors += mapping_errors or group_errors  # the groups of a mapping with mistakes would mislead
+    for obs_space, action_space in groups.spaces:
+        try:
+            continuous = not isinstance(action_distribution(action_space), Categoricals)
+        except ValueError as error:
+            return errors + [f"--env {cfg.env}: {error}"]
+        mask_error = action_mask_error(obs_space, action_space)
+        if mask_error:
+            errors.append(f"--env {cfg.env}: {mask_error}")
+        if continuous and cfg.exploration_loss == "symmetric_kl":
+            errors.append(f"--exploration_loss symmetric_kl is for discrete actions; {cfg.env} has continuous ones: "
+                          "use --exploration_loss entropy")
+        elif ACTION_MASK in obs_shapes(obs_space) and cfg.exploration_loss == "symmetric_kl":
+            errors.append(f"--exploration_loss symmetric_kl measures the policy against a uniform one over all "
+                          f"actions, and {cfg.env} masks some: use --exploration_loss entropy")
+    return list(dict.fromkeys(errors))
 
 
 def acting_errors(model: "ActorCritic", obs_space: spaces.Space, cfg) -> list[str]:
@@ -1628,6 +1693,7 @@ class Shared:
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
     resumed_frames: int = 0                # env frames its checkpoints had trained, in a resumed run
+    groups: Groups | None = None           # the env's groups of agents, and each policy's
 
 
 def past_policy_id(cfg) -> int | None:
@@ -1645,6 +1711,8 @@ def learner_owner(cfg, policy_id: int) -> int:
 
 
 def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
+    """`model`: policy 0's, drawn first (the runner checked it); the others' are drawn here."""
+    groups = agent_groups(cfg, probe.agent_spaces, probe.agent_names)[0]
     num_actors = cfg.num_workers * cfg.num_envs_per_worker * probe.num_agents
     slots_per_batch = trajectories_per_batch(cfg)
     # Each actor fills one slot, and each learner's next batch waits in slots of its own while the
@@ -1655,12 +1723,12 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     if cfg.serial_mode:  # no learner frees slots while a worker steps: room for every actor to fill one more
         num_slots += num_actors
     make_queue = (lambda capacity: InProcessQueue()) if cfg.serial_mode else appo_ipc.Queue
-    specs = rollout_buffer_specs(*probe.spaces, cfg)
+    specs = [rollout_buffer_specs(*group_spaces, cfg) for group_spaces in groups.spaces]
     weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
     weights, resumed_frames = [], 0
     for policy_id in range(cfg.num_policies):
         # version 0, which the learner starts from too: weights of its own per policy, drawn from the run's seed
-        model = model if policy_id == 0 else ActorCritic(*probe.spaces, cfg)
+        model = model if policy_id == 0 else ActorCritic(*groups.policy_spaces(policy_id), cfg)
         shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
         if checkpoint is not None:  # policy workers act with the resumed weights from the start
@@ -1672,7 +1740,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
             model.load_state_dict(checkpoint["model"])
             shared_weights.publish(model, checkpoint["policy_version"])
         weights.append(shared_weights)
-    if past_policy_id(cfg) is not None:
+    if past_policy_id(cfg) is not None:  # one group: the past versions' model is every policy's
         weights.append(SharedWeights(model, weights_device))  # until the population extra publishes a past checkpoint
     return Shared(
         slots=RolloutSlots(specs, num_slots, cfg.rollout, cfg.num_workers, cfg.worker_num_splits),
@@ -1683,6 +1751,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
         stats_queue=make_queue(8 << 20),
         run=RunState(cfg.num_workers, cfg.num_policies, num_processes(cfg)),
         resumed_frames=resumed_frames,
+        groups=groups,
     )
 
 
@@ -1928,11 +1997,19 @@ def kill_process_group(pgid: int, spare: int | None = None):
 # PLUMBING: rollout worker: steps envs, writes obs into slots, asks for actions, hands full slots on
 # =============================================================================================
 
-class Actor:
-    """One agent of one env: its current trajectory slot and step."""
+class GroupFields(typing.NamedTuple):
+    """What a rollout worker writes for the agents of one group: their slot fields (RolloutSlots.fields),
+    observation keys and action space."""
+    arrays: dict[str, np.ndarray]
+    obs_keys: list[str]
+    action_space: spaces.Space
 
-    def __init__(self, env_id: int, agent: int, policy_id: int):
-        self.env_id, self.agent, self.policy_id = env_id, agent, policy_id
+
+class Actor:
+    """One agent of one env: its current trajectory slot and step, and its group's slot fields."""
+
+    def __init__(self, env_id: int, agent: int, policy_id: int, fields: GroupFields | None = None):
+        self.env_id, self.agent, self.policy_id, self.fields = env_id, agent, policy_id, fields
         self.slot, self.step = -1, 0
         self.reward_shaping_version = -1  # version of its policy's hyperparameters the env applies
         # the policy version that acted the first step of its last handed-off slot, and how many in a row it acted
@@ -2142,6 +2219,7 @@ class Agents:
     def __init__(self, env):
         self.env, self.num_agents = env, envs.get_num_agents(env)
         self.observation_space, self.action_space = env.observation_space, env.action_space
+        self.agent_spaces = envs.get_agent_spaces(env)  # each agent's (observation, action) spaces
 
     def reset(self) -> list:
         obs, _ = self.env.reset()
@@ -2171,7 +2249,10 @@ class Agents:
 class RolloutWorker:
     def __init__(self, worker_id: int, process_index: int, cfg, shared: Shared):
         self.worker_id, self.process_index, self.cfg, self.shared = worker_id, process_index, cfg, shared
-        self.slots, self.arrays = shared.slots, shared.slots.arrays
+        self.slots, groups = shared.slots, shared.groups
+        self.group_fields = [GroupFields(shared.slots.fields(rollout_buffer_specs(*pair, cfg))[0],
+                                         list(obs_shapes(pair[0])), pair[1]) for pair in groups.spaces]
+        self.group_policies = [groups.policies(group, cfg) for group in range(len(groups.spaces))]
         self.envs, self.actors = [], []
         self.rng = random.Random((cfg.seed or 0) * 1000 + worker_id)
         envs_per_split = cfg.num_envs_per_worker // cfg.worker_num_splits
@@ -2181,8 +2262,9 @@ class RolloutWorker:
                 self.envs.append(env)
                 pinned = pinned_policies(cfg, envs.get_agent_names(env.env))[0] if cfg.agent_policies else None
                 for agent in range(env.num_agents):
-                    self.actors.append(Actor(i, agent, self.rng.randrange(cfg.num_policies) if pinned is None
-                                             else pinned[agent]))
+                    group = groups.of_agent[agent]
+                    policy = self.draw_group_policy(group) if pinned is None else pinned[agent]
+                    self.actors.append(Actor(i, agent, policy, self.group_fields[group]))
         except BaseException:  # a failed env or a stop request: close the envs made so far
             self.close()
             raise
@@ -2191,8 +2273,6 @@ class RolloutWorker:
         # per split: (env_id, that env's actors), so the hot loop does no searching
         self.split_envs = [[(env_id, [a for a in actors if a.env_id == env_id])
                             for env_id in sorted({a.env_id for a in actors})] for actors in self.split_actors]
-        self.action_space = self.envs[0].action_space
-        self.obs_keys = list(obs_shapes(self.envs[0].observation_space))
         self.times = StageTimes("step")  # stepping envs, for the runner's share of busy time
         self.resend_epoch = int(shared.run.resend_epoch[0])
         self.episodes_per_env = [0] * len(self.envs)
@@ -2231,14 +2311,15 @@ class RolloutWorker:
         for actor in env_actors:
             actor.step = 0
             self.write_obs(actor, obs[actor.agent])
-            self.arrays["rnn_state"][actor.slot, 0] = 0.0
+            actor.fields.arrays["rnn_state"][actor.slot, 0] = 0.0
 
     def write_obs(self, actor: Actor, obs):
-        if len(self.obs_keys) == 1 and not isinstance(obs, dict):
-            self.arrays["obs"][actor.slot, actor.step] = obs
+        arrays, obs_keys = actor.fields.arrays, actor.fields.obs_keys
+        if len(obs_keys) == 1 and not isinstance(obs, dict):
+            arrays["obs"][actor.slot, actor.step] = obs
         else:
-            for key in self.obs_keys:
-                self.arrays[key][actor.slot, actor.step] = obs[key]
+            for key in obs_keys:
+                arrays[key][actor.slot, actor.step] = obs[key]
 
     def start_slot(self, actor: Actor) -> bool:
         slot = None
@@ -2248,7 +2329,7 @@ class RolloutWorker:
             self.shared.run.beat(self.process_index)  # waiting for a slow learner is not a hang
             slot = self.slots.control.acquire(self.worker_id, timeout=0.5)
         actor.slot, actor.step = slot, 0
-        self.arrays["valid"][slot] = 1.0
+        actor.fields.arrays["valid"][slot] = 1.0
         return True
 
     def request_actions(self, split: int):
@@ -2277,23 +2358,23 @@ class RolloutWorker:
                 if not self.start_slot(actor):
                     return False
                 self.write_obs(actor, obs[actor.agent])
-                self.arrays["rnn_state"][actor.slot, 0] = 0.0
+                actor.fields.arrays["rnn_state"][actor.slot, 0] = 0.0
         return True
 
     def finish_slot(self, actor: Actor) -> bool:
         """The slot holds T steps plus the bootstrap obs (or fewer, see hand_over): give it to the
         learner, continue in a new one from the last observation."""
-        full_slot, last_step = actor.slot, actor.step
+        full_slot, last_step, arrays = actor.slot, actor.step, actor.fields.arrays
         if actor.policy_id == self.past_policy:  # no learner trains on a past version's steps: reuse the slot
-            for key in self.obs_keys + ["rnn_state"]:
-                self.arrays[key][full_slot, 0] = self.arrays[key][full_slot, last_step]
-            self.arrays["valid"][full_slot] = 1.0
+            for key in actor.fields.obs_keys + ["rnn_state"]:
+                arrays[key][full_slot, 0] = arrays[key][full_slot, last_step]
+            arrays["valid"][full_slot] = 1.0
             actor.step = 0
             return True
         # The next slot starts from a copy: once handed off, the full slot may be trained on, freed
         # and taken by another worker while this one still waits for a free slot.
-        carried = {key: self.arrays[key][full_slot, last_step].copy() for key in self.obs_keys + ["rnn_state"]}
-        actor.handed_off(int(self.arrays["policy_version"][full_slot, 0]))  # the learner's test (Learner.fresh)
+        carried = {key: arrays[key][full_slot, last_step].copy() for key in actor.fields.obs_keys + ["rnn_state"]}
+        actor.handed_off(int(arrays["policy_version"][full_slot, 0]))  # the learner's test (Learner.fresh)
         # The slot stays this worker's until the learner takes it (Learner.claim): a death at any
         # line here leaves it either reclaimable by the runner or on its way to the learner.
         self.shared.learner_queues[actor.policy_id].put(
@@ -2301,7 +2382,7 @@ class RolloutWorker:
         if not self.start_slot(actor):
             return False
         for key, value in carried.items():
-            self.arrays[key][actor.slot, 0] = value
+            arrays[key][actor.slot, 0] = value
         return True
 
     def ask_for_actions(self, split: int):
@@ -2328,7 +2409,7 @@ class RolloutWorker:
                 if not self.between_episodes(env_id, env_actors):
                     return False
                 continue
-            actions = [env_action(self.action_space, self.arrays["actions"][a.slot, a.step]) for a in env_actors]
+            actions = [env_action(a.fields.action_space, a.fields.arrays["actions"][a.slot, a.step]) for a in env_actors]
             try:
                 with self.times("step"):
                     obs, rewards, dones, truncations, infos = env.step(actions)
@@ -2366,11 +2447,15 @@ class RolloutWorker:
         return True
 
     def draw_policy(self, actor: Actor) -> int:
-        """A random learning policy, or for an env's later agents sometimes the past versions (an
-        env's first agent always learns, so no env plays for nothing)."""
+        """A random learning policy of the actor's group, or for an env's later agents sometimes the
+        past versions (an env's first agent always learns, so no env plays for nothing)."""
         if self.past_policy is not None and actor.agent > 0 and self.rng.random() < self.cfg.past_opponents_fraction:
             return self.past_policy
-        return self.rng.randrange(self.cfg.num_policies)
+        return self.draw_group_policy(self.shared.groups.of_agent[actor.agent])
+
+    def draw_group_policy(self, group: int) -> int:
+        policies = self.group_policies[group]
+        return policies[self.rng.randrange(len(policies))]
 
     def hand_over(self, actor: Actor, policy_id: int) -> bool:
         """Moves an actor to another policy at an episode boundary. Its slot so far goes to the old
@@ -2378,13 +2463,13 @@ class RolloutWorker:
         if policy_id == actor.policy_id:
             return True
         if actor.step > 0:
-            slot, used = actor.slot, actor.step
-            self.arrays["valid"][slot, used:] = 0.0
-            self.arrays["done"][slot, used:] = 1.0     # nothing after the episode's end leaks into V-trace
-            self.arrays["truncated"][slot, used:] = 0.0
-            self.arrays["reward"][slot, used:] = 0.0
-            self.arrays["actions"][slot, used:] = 0    # stale actions could be out of range for the heads
-            self.arrays["policy_version"][slot, used:] = self.arrays["policy_version"][slot, used - 1]  # lag stats
+            slot, used, arrays = actor.slot, actor.step, actor.fields.arrays
+            arrays["valid"][slot, used:] = 0.0
+            arrays["done"][slot, used:] = 1.0     # nothing after the episode's end leaks into V-trace
+            arrays["truncated"][slot, used:] = 0.0
+            arrays["reward"][slot, used:] = 0.0
+            arrays["actions"][slot, used:] = 0    # stale actions could be out of range for the heads
+            arrays["policy_version"][slot, used:] = arrays["policy_version"][slot, used - 1]  # lag stats
             if not self.finish_slot(actor):
                 return False
         actor.policy_id, actor.reward_shaping_version = policy_id, -1
@@ -2405,15 +2490,16 @@ class RolloutWorker:
         `truncated`, and not done) is followed by the episode's final observation, which the policy
         acts on (its value bootstraps the cut step; the learner's core runs on into it) and no env
         step takes (UNTAKEN: out of the loss, done there); the new episode starts one position later."""
-        self.arrays["reward"][actor.slot, actor.step] = reward
-        self.arrays["done"][actor.slot, actor.step] = float(done)
-        self.arrays["truncated"][actor.slot, actor.step] = float(truncated)
+        arrays = actor.fields.arrays
+        arrays["reward"][actor.slot, actor.step] = reward
+        arrays["done"][actor.slot, actor.step] = float(done)
+        arrays["truncated"][actor.slot, actor.step] = float(truncated)
         if info.get("agent_left"):  # an agent out of the game (env.PettingZooAgents): its action did nothing
-            self.arrays["valid"][actor.slot, actor.step] = 0.0
+            arrays["valid"][actor.slot, actor.step] = 0.0
         actor.step += 1
         self.write_obs(actor, obs)
         if done:  # the policy worker already wrote the next RNN state; a new episode starts fresh
-            self.arrays["rnn_state"][actor.slot, actor.step] = 0.0
+            arrays["rnn_state"][actor.slot, actor.step] = 0.0
         if "true_return" in info and actor.policy_id != self.past_policy:
             self.shared.stats_queue.put({"type": "episode", "policy_id": actor.policy_id,
                                          "true_return": float(info["true_return"]),
@@ -2530,7 +2616,7 @@ class PolicyWorker:
         self.steps_per_slot = shared.slots.rollout + 1
         # the copies to and from the model: its inputs, and act()'s outputs into their slot fields
         self.staging = ActionStaging(shared.slots, self.obs_keys, list(acting_fields(self.model.action_dist)),
-                                     self.device)
+                                     self.device, rollout_buffer_specs(*spaces_pair, cfg))
         self.version = -1
         # the runner's split of this worker's time ("wait" is policy_worker_main's), and its batches
         self.times = StageTimes("wait", "gather", "forward", "copy_back", "write",
@@ -2959,6 +3045,7 @@ class Learner:
             extra.learner_start(self)
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = trajectories_per_batch(cfg)
+        self.slot_specs = rollout_buffer_specs(*spaces_pair, cfg)  # its group's fields of the slots
         # on the device, read when a report is due (sgd_step)
         self.skipped_steps = self.nonfinite_in_a_row = torch.zeros((), device=self.device)
         self.last_save, self.next_stats_at = time.monotonic(), 0.0
@@ -3027,7 +3114,7 @@ class Learner:
         share, before the learner published: it is freed unused, and its actors are not parked
         (SyncGate counts a slot by its first step's weights), so their share at the new weights
         still comes. Kept, it would shift every later batch by a slot, each a version behind."""
-        first_step_versions = self.shared.slots.arrays["policy_version"][pending, 0]
+        first_step_versions = self.shared.slots.fields(self.slot_specs)[0]["policy_version"][pending, 0]
         stale = [slot for slot, version in zip(pending, first_step_versions) if version < self.policy_version]
         self.shared.slots.control.release(stale)
         return [slot for slot in pending if slot not in stale]
@@ -3050,14 +3137,13 @@ class Learner:
         refilled under a step reading it; the second set covers the one batch the batcher may
         copy ahead (the learner's wait timed out just as a batch was being handed over)."""
         with self.times("copy"):
-            index = torch.as_tensor(slot_indices, dtype=torch.long)
+            index, tensors = torch.as_tensor(slot_indices, dtype=torch.long), self.shared.slots.fields(self.slot_specs)[1]
             if not self.buffer_sets or self.buffer_sets[0].host["done"].shape[0] != len(index):
                 dones_on_host = self.segments is not None  # then a batch brings its dones on the host too
-                self.buffer_sets = [BatchBuffers(self.shared.slots.tensors, len(index), self.device, dones_on_host)
-                                    for _ in range(2)]
+                self.buffer_sets = [BatchBuffers(tensors, len(index), self.device, dones_on_host) for _ in range(2)]
             buffers = self.buffer_sets[self.batches_taken % 2]
             self.batches_taken += 1
-            batch = buffers.fill(self.shared.slots.tensors, index)
+            batch = buffers.fill(tensors, index)
             self.shared.slots.control.release(slot_indices)
         return batch
 
@@ -3297,6 +3383,10 @@ class EnvProbe:
     num_agents: int
     reward_shaping: dict[str, float] | None      # the env's default shaping weights, if it has any
     agent_names: list[str] = dataclasses.field(default_factory=list)  # in the order of the env's lists
+    agent_spaces: list[tuple[spaces.Space, spaces.Space]] = dataclasses.field(default_factory=list)  # each agent's
+
+    def __post_init__(self):
+        self.agent_spaces = self.agent_spaces or [self.spaces] * self.num_agents
 
 
 def probe_env(cfg) -> EnvProbe:
@@ -3304,7 +3394,8 @@ def probe_env(cfg) -> EnvProbe:
         probe = make_env(cfg, env_index=0)
         try:
             return EnvProbe((probe.observation_space, probe.action_space), probe.num_agents,
-                            envs.reward_shaping_weights(probe.env), envs.get_agent_names(probe.env))
+                            envs.reward_shaping_weights(probe.env), envs.get_agent_names(probe.env),
+                            probe.agent_spaces)
         finally:
             probe.close()
 
@@ -3430,17 +3521,17 @@ class Child:
         run.pids[self.index] = self.process.pid
 
 
-def make_children(cfg, shared: Shared, spaces_pair) -> list[Child]:
+def make_children(cfg, shared: Shared) -> list[Child]:
     children, index = [], 0
     for policy_id in range(num_acting_policies(cfg)):
         if policy_id < cfg.num_policies:  # the past versions have no learner
             children.append(Child(f"learner {policy_id}", "learner", index, learner_main,
-                                  (policy_id, index, cfg, shared, spaces_pair)))
+                                  (policy_id, index, cfg, shared, shared.groups.policy_spaces(policy_id))))
             index += 1
         serves = "past versions" if policy_id == past_policy_id(cfg) else f"policy {policy_id}"
         for _ in range(cfg.policy_workers_per_policy):
-            children.append(Child(f"policy worker {index} ({serves})", "policy worker", index,
-                                  policy_worker_main, (policy_id, index, cfg, shared, spaces_pair)))
+            children.append(Child(f"policy worker {index} ({serves})", "policy worker", index, policy_worker_main,
+                                  (policy_id, index, cfg, shared, shared.groups.policy_spaces(policy_id))))
             index += 1
     # Rollout workers never read the weights; on a GPU each process that unpickles them maps them
     # through CUDA IPC and so starts a CUDA context of its own (GPU memory and seconds of start-up).
@@ -3576,12 +3667,12 @@ class SerialRun:
     num_restarts = 0  # nothing runs apart, so nothing is restarted or falls silent
     silent: dict[str, float] = {}
 
-    def __init__(self, cfg, shared: Shared, spaces_pair):
+    def __init__(self, cfg, shared: Shared):
         # Engine output stays on the terminal here: a debugger writes through the file descriptor
         # that engine_output_to would point at a log file.
-        self.cfg, self.shared = cfg, shared
-        self.learners = [Learner(policy_id, cfg, shared, spaces_pair) for policy_id in range(cfg.num_policies)]
-        self.policy_workers = [PolicyWorker(policy_id, cfg, shared, spaces_pair)
+        self.cfg, self.shared, spaces_of = cfg, shared, shared.groups.policy_spaces
+        self.learners = [Learner(policy_id, cfg, shared, spaces_of(policy_id)) for policy_id in range(cfg.num_policies)]
+        self.policy_workers = [PolicyWorker(policy_id, cfg, shared, spaces_of(policy_id))
                                for policy_id in range(num_acting_policies(cfg))]
         self.rollout_workers = [RolloutWorker(worker_id, 0, cfg, shared) for worker_id in range(cfg.num_workers)]
         self.pending: list[list[int]] = [[] for _ in self.learners]  # finished slots per learner
@@ -3777,6 +3868,17 @@ def start_line(cfg, seed_drawn: bool = False) -> str:
             f"follow it with tensorboard --logdir {folder}; {seed}; Ctrl-C saves and stops, the same command resumes")
 
 
+def groups_line(groups: Groups, agent_names: list[str], cfg) -> str:
+    """Which agents each group holds, and which policies play them."""
+    parts = []
+    for group, (obs_space, action_space) in enumerate(groups.spaces):
+        agents = [name for name, of in zip(agent_names, groups.of_agent) if of == group]
+        policies = ", ".join(f"p{policy}" for policy in groups.policies(group, cfg))
+        seen = ", ".join(f"{key} {shape}" for key, (shape, _) in obs_shapes(obs_space).items())
+        parts.append(f"{', '.join(agents)} (seeing {seen}; acting in {action_space}) played by {policies}")
+    return f"{len(groups.spaces)} groups of agents, each with policies of its own: " + "; ".join(parts)
+
+
 class StopRequested(Exception):
     pass
 
@@ -3846,16 +3948,22 @@ def run_training(cfg, watch) -> TrainResult:
     if errors:
         print_errors(errors)
         return TrainResult(exit_code=2)
-    model = ActorCritic(*probe.spaces, cfg)
-    errors = acting_errors(model, probe.spaces[0], cfg) + optimizer_errors(model, cfg)
+    groups = agent_groups(cfg, probe.agent_spaces, probe.agent_names)[0]
+    model = ActorCritic(*groups.policy_spaces(0), cfg)
+    errors = acting_errors(model, groups.policy_spaces(0)[0], cfg) + optimizer_errors(model, cfg)
+    for obs_space, action_space in groups.spaces[1:]:  # with a fork's acting fields, each group's model
+        with torch.random.fork_rng(devices=[]):  # the run's weights are drawn as without groups
+            errors += acting_errors(ActorCritic(obs_space, action_space, cfg), obs_space, cfg)
     if errors:
-        print_errors(errors)
+        print_errors(list(dict.fromkeys(errors)))
         return TrainResult(exit_code=2)
     shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
+    if len(groups.spaces) > 1 and cfg.rank == 0:
+        print(groups_line(groups, probe.agent_names, cfg), flush=True)
     if cfg.serial_mode:
-        workers = SerialRun(cfg, shared, probe.spaces)
+        workers = SerialRun(cfg, shared)
     else:
-        workers = Supervisor(cfg, shared, make_children(cfg, shared, probe.spaces), child_process_context())
+        workers = Supervisor(cfg, shared, make_children(cfg, shared), child_process_context())
     run, extras = Run(cfg, seed_drawn, shared, model, Stats(cfg.num_policies), workers, start=time.monotonic()), []
 
     def request_stop(signum, frame):
@@ -4392,7 +4500,18 @@ class PopulationBasedTraining:
             return
         objectives = [float(np.mean(recent)) for recent in stats.episode_objectives]
         rows = [self.hyperparams.row(policy_id) for policy_id in range(self.cfg.num_policies)]
-        new_rows, events = pbt_round(objectives, rows, self.rng, self.cfg)
+        new_rows, events = list(rows), []
+        for group in range(len(shared.groups.spaces)):  # ranked within a group: its models' shapes differ
+            members = shared.groups.policies(group, self.cfg)
+            if len(members) < 2:
+                continue
+            group_rows, group_events = pbt_round([objectives[p] for p in members], [rows[p] for p in members],
+                                                 self.rng, self.cfg)
+            for member, row in zip(members, group_rows):
+                new_rows[member] = row
+            for event in group_events:  # its policy ids, from the group's numbering to the run's
+                event.update({key: members[event[key]] for key in ("policy_id", "source") if key in event})
+            events += group_events
         print(f"pbt: round at {frames:,} frames, objectives "
               + " ".join(f"p{i} {objective:.2f}" for i, objective in enumerate(objectives)), flush=True)
         for event in events:
@@ -4582,7 +4701,8 @@ def load_policy_for_eval(cfg) -> dict:
     if saved.get("env", cfg.env) != cfg.env:
         raise CheckpointError(f"the checkpoint was trained on {saved['env']}, not --env {cfg.env}: "
                               f"use --env {saved['env']}")
-    for flag in MODEL_FLAGS + ["env_frameskip", *envs.trained_flags(cfg.env)]:  # the model and env it was trained with
+    # the model and env it was trained with, and its policies (each group of agents plays its own)
+    for flag in MODEL_FLAGS + ["env_frameskip", "num_policies", *envs.trained_flags(cfg.env)]:
         if flag in saved:
             if flag in cfg.flags_given and getattr(cfg, flag) != saved[flag]:  # never a silent change
                 print(f"note: --{flag} {getattr(cfg, flag)} from the command line replaced by the checkpoint's "
@@ -4657,25 +4777,20 @@ def evaluate(cfg) -> int:
         path = cfg.video_path or os.path.join(experiment_dir(cfg), f"eval_p{cfg.policy_index}.mp4")
         video = VideoWriter(path, envs.game_fps(cfg.env) / cfg.env_frameskip, cfg.video_frames)
     try:
-        # --agent_policies: each agent plays its policy's latest checkpoint; else every agent the one above
-        pinned = [cfg.policy_index] * env.num_agents
-        if cfg.agent_policies:
-            pinned, errors = pinned_policies(cfg, envs.get_agent_names(env.env))
-            if errors:
-                raise CheckpointError(errors[0])
-        models = {}
-        for policy in sorted(set(pinned)):
+        pinned, groups = eval_policies(cfg, env)
+        models = {RANDOM_PLAY: None}
+        for policy in sorted(set(pinned) - {RANDOM_PLAY}):
             saved = checkpoint if policy == cfg.policy_index else load_latest_checkpoint(cfg, policy)
             if saved is None:
                 raise CheckpointError(f"no checkpoint in {checkpoint_dir(cfg, policy)} for --agent_policies' policy "
                                       f"{policy}: train the experiment with it first")
-            model = ActorCritic(env.observation_space, env.action_space, cfg).eval()
+            model = ActorCritic(*groups.policy_spaces(policy), cfg).eval()
             mismatch = checkpoint_mismatch(model, saved["model"])
             if mismatch:
                 raise CheckpointError(f"the checkpoint does not fit {cfg.env}'s model ({mismatch})")
             model.load_state_dict(saved["model"])  # checkpoints load on the CPU, wherever they were saved
             models[policy] = model.to(cfg.device)
-            which = f"policy {policy}'s version" if cfg.agent_policies else "policy version"
+            which = f"policy {policy}'s version" if len(set(pinned)) > 1 or cfg.agent_policies else "policy version"
             print(f"playing {cfg.env} on {cfg.device} with {which} {saved['policy_version']} "
                   f"({saved['env_frames']:,} env frames of training)", flush=True)
         games = play_games(cfg, env, [models[policy] for policy in pinned], video)
@@ -4685,22 +4800,59 @@ def evaluate(cfg) -> int:
             video.close()
     returns = np.array([game["returns"] for game in games])  # [games, agents]
     lengths = np.array([game["length"] for game in games])
+    several = cfg.agent_policies or len(groups.spaces) > 1
     for agent in range(returns.shape[1]):
         prefix = f"agent {agent} " if returns.shape[1] > 1 else ""
-        prefix += f"(policy {pinned[agent]}) " if cfg.agent_policies else ""
+        prefix += f"(policy {'random' if pinned[agent] == RANDOM_PLAY else pinned[agent]}) " if several else ""
         print(f"{prefix}mean return {returns[:, agent].mean():.2f} +- {returns[:, agent].std():.2f} over "
               f"{len(games)} games; mean length {lengths.mean():,.0f} env frames", flush=True)
+    names = envs.get_agent_names(env.env)
+    for group in range(len(groups.spaces)) if len(groups.spaces) > 1 else ():  # an agent's mean, per group
+        agents = [agent for agent, of in enumerate(groups.of_agent) if of == group]
+        print(f"group {group} ({', '.join(names[agent] for agent in agents)}; policy "
+              f"{'/'.join(str(p) if p != RANDOM_PLAY else 'random' for p in sorted({pinned[agent] for agent in agents}))}"
+              f"): mean return "
+              f"{returns[:, agents].mean():.2f} an agent", flush=True)
     if video is not None and video.num_frames:
         print(f"video: {video.num_frames} frames of {video.size[0]}x{video.size[1]} at {video.fps:g} fps "
               f"in {video.path}", flush=True)
     return 0
 
 
-def play_games(cfg, env: Agents, models: list[ActorCritic], video: VideoWriter | None) -> list[dict]:
+def eval_policies(cfg, env: Agents) -> tuple[list[int], Groups]:
+    """Each agent's policy in an evaluation, and the env's groups: --agent_policies' mapping, else
+    --policy_index for the agents of its group and each other group's first policy for theirs."""
+    groups, errors = agent_groups(cfg, env.agent_spaces, envs.get_agent_names(env.env))
+    if cfg.agent_policies:
+        pinned, pin_errors = pinned_policies(cfg, envs.get_agent_names(env.env))
+        errors = pin_errors or errors
+    elif cfg.policy_index >= cfg.num_policies:
+        errors = [f"--policy_index {cfg.policy_index}: the experiment trained policies 0 to {cfg.num_policies - 1}"]
+    else:
+        pinned = [cfg.policy_index if group == groups.of_policy[cfg.policy_index] else groups.policies(group, cfg)[0]
+                  for group in groups.of_agent]
+    if errors:
+        raise CheckpointError(errors[0])
+    return pinned, groups
+
+
+def random_action(space: spaces.Space, obs, rng: np.random.Generator):
+    """A uniform random action of `space`; a discrete one among those the obs's mask allows."""
+    if isinstance(obs, dict) and ACTION_MASK in obs and hasattr(space, "n"):
+        allowed = np.flatnonzero(np.asarray(obs[ACTION_MASK]).reshape(-1)[:space.n] > 0)
+        return int(space.start + rng.choice(allowed))
+    return space.sample()
+
+
+def play_games(cfg, env: Agents, models: list[ActorCritic | None], video: VideoWriter | None) -> list[dict]:
     """Steps `env` until --max_num_episodes games ended, each agent acting with its model in `models`
-    (one may act for several); returns each game's per-agent true return."""
+    (one may act for several: those of a group; None: random play); returns each game's per-agent
+    true return."""
     num_agents, device = env.num_agents, torch.device(cfg.device)
-    obs_keys = list(obs_shapes(env.observation_space))
+    rng = np.random.default_rng(cfg.seed)
+    for agent, model in enumerate(models):
+        if model is None:  # random play, seeded as the run
+            env.agent_spaces[agent][1].seed(None if cfg.seed is None else cfg.seed + agent)
     rnn_state = torch.zeros(num_agents, rnn_state_size(cfg), device=device)
     teams = {}  # a model and the agents it acts for
     for agent, model in enumerate(models):
@@ -4711,17 +4863,21 @@ def play_games(cfg, env: Agents, models: list[ActorCritic], video: VideoWriter |
     while len(games) < cfg.max_num_episodes:
         if video is not None:
             video.add(env.render(), f"score {game_score(env.env):g}")
-        obs_batch = {key: torch.as_tensor(np.stack([o[key] if isinstance(o, dict) else o for o in obs])).to(device)
-                     for key in obs_keys}
-        actions = [None] * num_agents
+        actions = [random_action(env.agent_spaces[agent][1], obs[agent], rng) if model is None else None
+                   for agent, model in enumerate(models)]
         with torch.no_grad():
             for model, agents in teams:
-                logits, _, rnn_state[agents] = model({key: value[agents] for key, value in obs_batch.items()},
-                                                     rnn_state[agents])
+                if model is None:
+                    continue
+                team_obs = [obs[agent] for agent in agents.tolist()]  # a model's agents share its spaces
+                obs_batch = {key: torch.as_tensor(np.stack([o[key] if isinstance(o, dict) else o for o in team_obs]))
+                             .to(device) for key in model.encoders}
+                logits, _, rnn_state[agents] = model(obs_batch, rnn_state[agents])
                 chosen = model.action_dist.mode(logits) if cfg.eval_deterministic else model.action_dist.sample(logits)
                 for agent, row in zip(agents.tolist(), chosen.cpu().numpy()):
                     actions[agent] = row
-        env_actions = [env_action(env.action_space, row) for row in actions]
+        env_actions = [action if model is None else env_action(env.agent_spaces[agent][1], action)
+                       for agent, (model, action) in enumerate(zip(models, actions))]
         obs, rewards, dones, _, infos = env.step(env_actions)
         for agent, info in enumerate(infos):
             if "true_return" in info:

@@ -281,6 +281,13 @@ def get_num_agents(env: gym.Env) -> int:
     return int(num_agents)
 
 
+def get_agent_spaces(env: gym.Env) -> list[tuple[spaces.Space, spaces.Space]]:
+    """Each agent's (observation space, action space), in the order of the env's lists: an env's
+    own agent_spaces where its agents differ (a PettingZoo env's), else the env's spaces for all."""
+    agent_spaces = getattr(env, "agent_spaces", None) or getattr(env.unwrapped, "agent_spaces", None)
+    return list(agent_spaces) if agent_spaces else [(env.observation_space, env.action_space)] * get_num_agents(env)
+
+
 def get_agent_names(env: gym.Env) -> list[str]:
     """The agents' names in the order of the env's lists: a PettingZoo env's possible_agents, else
     their indices ("0", "1", ...)."""
@@ -2185,8 +2192,9 @@ def _trainer_space(space: spaces.Box | spaces.MultiBinary | spaces.Discrete) -> 
 # PettingZoo parallel envs: pz:<module>:<factory>
 # ------------------------------------------------------------------------------------------------
 # Every agent of a ParallelEnv is one of appo.py's agents, all stepped at once, as in the Doom
-# matches. One policy serves them all, so they must share their spaces; with --num_policies N
-# each agent plays for a policy drawn at random, as in the matches.
+# matches. Agents that share their (observation, action) spaces form a group, and each group has
+# policies of its own (appo.py's groups): predators and prey, a speaker and a listener. With
+# --num_policies N each agent plays for a policy of its group drawn at random, as in the matches.
 
 def _is_pz_name(name: str) -> bool:
     return name.startswith("pz:") and name.count(":") >= 2
@@ -2242,46 +2250,47 @@ def _pz_spaces_problem(name: str, env) -> Problem:
                             f"give the module's parallel_env factory, {fix}")
     if not isinstance(env, ParallelEnv):
         return ValueError, f"--env {name} makes a {type(env).__name__}, not a PettingZoo ParallelEnv"
-    first, *others = env.possible_agents
-    for kind, space_of in (("observation", env.observation_space), ("action", env.action_space)):
-        differing = next((agent for agent in others if space_of(agent) != space_of(first)), None)
-        if differing is not None:
-            return ValueError, (f"--env {name}: agents {first} and {differing} have different {kind} spaces "
-                                f"({space_of(first)} and {space_of(differing)}), and one policy acts for every "
-                                "agent: pad them to one space (SuperSuit's pad_observations and pad_action_space) "
-                                "in a factory of yours")
     return None
 
 
 @functools.lru_cache(maxsize=None)
-def _pz_metadata_and_space(name: str) -> tuple[dict, spaces.Space] | None:
-    """(metadata, first agent's observation space) of one env made with no flags and closed; None
-    if it cannot be made (the problem check says why)."""
+def _pz_metadata_and_spaces(name: str) -> tuple[dict, spaces.Space, int] | None:
+    """(metadata, first agent's observation space, number of groups of agents) of one env made with
+    no flags and closed; None if it cannot be made (the problem check says why)."""
     try:
         env = _pz_factory(name)()
     except Exception:  # the problem check says what is wrong
         return None
     try:
-        return dict(env.metadata), env.observation_space(env.possible_agents[0])
+        agents = env.possible_agents
+        pairs = [(env.observation_space(agent), env.action_space(agent)) for agent in agents]
+        groups = [pair for i, pair in enumerate(pairs) if pair not in pairs[:i]]
+        return dict(env.metadata), pairs[0][0], len(groups)
     finally:
         env.close()
 
 
 def _pz_defaults(name: str) -> dict:
-    """The gym: family's rule: vector observations get its vector defaults, images appo.py's own."""
-    made = _pz_metadata_and_space(name)
+    """The gym: family's rule: vector observations get its vector defaults, images appo.py's own.
+    An env whose agents form several groups gets a policy per group, and collects asynchronously:
+    its groups feed different learners, and --no-async_rl's one batch is one policy's."""
+    made = _pz_metadata_and_spaces(name)
     images = made is not None and _any_subspace(made[1], _is_image_space)
-    return dict(GYM_IMAGE_DEFAULTS if images else GYM_VECTOR_DEFAULTS)
+    defaults = dict(GYM_IMAGE_DEFAULTS if images else GYM_VECTOR_DEFAULTS)
+    if made is not None and made[2] > 1:
+        defaults.update(num_policies=made[2], async_rl=True)
+    return defaults
 
 
 def _pz_game_fps(name: str) -> float:
-    made = _pz_metadata_and_space(name)
+    made = _pz_metadata_and_spaces(name)
     return float((made[0].get("render_fps") if made else None) or 30.0)
 
 
 class PettingZooAgents(gym.Env):
     """A PettingZoo ParallelEnv as this file's multi-agent envs are: lists with one entry per agent
-    of possible_agents, observations converted as for gym: envs (ObservationConverter).
+    of possible_agents, observations converted as for gym: envs (ObservationConverter), each
+    agent's spaces in agent_spaces (observation_space and action_space are the first agent's).
 
     Each agent's termination and truncation stay apart, as gymnasium's. An agent not in the game
     (it left early, or has not joined) is given its last observation (or zeros), reward 0,
@@ -2293,16 +2302,16 @@ class PettingZooAgents(gym.Env):
     def __init__(self, env, seed: int | None):
         self.env, self.agent_names = env, list(env.possible_agents)
         self.num_agents = len(self.agent_names)
-        self._converter = ObservationConverter(env.observation_space(self.agent_names[0]))
-        self.observation_space = self._converter.space
-        self.action_space = env.action_space(self.agent_names[0])
+        self._converters = {agent: ObservationConverter(env.observation_space(agent)) for agent in self.agent_names}
+        self.agent_spaces = [(self._converters[agent].space, env.action_space(agent)) for agent in self.agent_names]
+        self.observation_space, self.action_space = self.agent_spaces[0]
         self.render_mode = getattr(env, "render_mode", None)
         self._first_seed = seed
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         seed, self._first_seed = (self._first_seed if seed is None else seed), None
         obs, _ = self.env.reset(seed=seed, options=options)
-        self._last_obs = {agent: self._converter(obs[agent]) if agent in obs else self._empty_obs()
+        self._last_obs = {agent: self._converters[agent](obs[agent]) if agent in obs else self._empty_obs(agent)
                           for agent in self.agent_names}
         self._returns, self._length = dict.fromkeys(self.agent_names, 0.0), 0
         obs = [self._last_obs[agent] for agent in self.agent_names]
@@ -2321,7 +2330,7 @@ class PettingZooAgents(gym.Env):
         step_rewards, ends, cuts, step_infos = [], [], [], []
         for agent in self.agent_names:
             if agent in obs:
-                self._last_obs[agent] = self._converter(obs[agent])
+                self._last_obs[agent] = self._converters[agent](obs[agent])
             reward = float(rewards.get(agent, 0.0))
             self._returns[agent] += reward
             step_rewards.append(reward)
@@ -2334,8 +2343,8 @@ class PettingZooAgents(gym.Env):
                             true_objective=self._returns[agent])
         return [self._last_obs[agent] for agent in self.agent_names], step_rewards, ends, cuts, step_infos
 
-    def _empty_obs(self):
-        space = self.observation_space
+    def _empty_obs(self, agent: str):
+        space = self._converters[agent].space
         return ({key: np.zeros(sub.shape, sub.dtype) for key, sub in space.spaces.items()}
                 if isinstance(space, spaces.Dict) else np.zeros(space.shape, space.dtype))
 

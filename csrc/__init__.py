@@ -40,18 +40,31 @@ from ._native import CRASH_POINTS, Closed, Queue, SharedBuffer, SlotControl, _ar
 class RolloutSlots:
     """num_slots trajectories of T+1 steps in one shared buffer, viewed per field as numpy arrays
     [num_slots, T+1, *shape] and torch tensors over the same memory, plus the slots' free list
-    and the per-(worker, split) action counters (appo_ipc.SlotControl)."""
+    and the per-(worker, split) action counters (appo_ipc.SlotControl).
+
+    `specs` (name -> (shape, dtype)) may be a list of them, one per group of agents whose spaces
+    differ (appo.py's groups): a field is stored once per distinct (name, shape, dtype), so the
+    groups share the fields they declare alike (rewards, dones, RNN states) and each has its own
+    observations and actions. A slot holds one group's trajectory at a time, and fields(specs) are
+    the views a group reads; arrays and tensors are the first group's."""
 
     def __init__(self, specs, num_slots: int, rollout: int, num_workers: int, num_splits: int):
-        self.specs, self.num_slots, self.rollout = specs, num_slots, rollout
+        self.group_specs = list(specs) if isinstance(specs, (list, tuple)) else [specs]
+        self.specs, self.num_slots, self.rollout = self.group_specs[0], num_slots, rollout
         self.buffer = SharedBuffer(self._layout()[1])
         self.control = SlotControl(num_slots, num_workers, num_splits)
         self._make_views()
 
+    def _fields(self) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+        """Every stored field, each distinct (name, shape, dtype) of the groups' specs once."""
+        return list(dict.fromkeys((name, tuple(shape), dtype) for specs in self.group_specs
+                                  for name, (shape, dtype) in specs.items()))
+
     def _layout(self):
         offsets, total = {}, 0
-        for name, (shape, dtype) in self.specs.items():
-            offsets[name] = total
+        for field in self._fields():
+            _, shape, dtype = field
+            offsets[field] = total
             nbytes = self.num_slots * (self.rollout + 1) * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             total += (nbytes + 63) // 64 * 64  # cache-line aligned fields
         return offsets, total
@@ -59,16 +72,24 @@ class RolloutSlots:
     def _make_views(self):
         raw = np.frombuffer(self.buffer, dtype=np.uint8)
         offsets, _ = self._layout()
-        self.arrays, self.tensors = {}, {}
-        for name, (shape, dtype) in self.specs.items():
+        self._stored = {}
+        for field in self._fields():
+            _, shape, dtype = field
             full_shape = (self.num_slots, self.rollout + 1, *shape)
             nbytes = int(np.prod(full_shape, dtype=np.int64)) * dtype.itemsize
-            self.arrays[name] = raw[offsets[name]:offsets[name] + nbytes].view(dtype).reshape(full_shape)
-            self.tensors[name] = torch.from_numpy(self.arrays[name])
+            array = raw[offsets[field]:offsets[field] + nbytes].view(dtype).reshape(full_shape)
+            self._stored[field] = (array, torch.from_numpy(array))
+        self.arrays, self.tensors = self.fields(self.specs)
+
+    def fields(self, specs) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+        """The numpy and torch views of the fields one group's `specs` name (one of those given)."""
+        stored = [self._stored[(name, tuple(shape), dtype)] for name, (shape, dtype) in specs.items()]
+        return ({name: array for name, (array, _) in zip(specs, stored)},
+                {name: tensor for name, (_, tensor) in zip(specs, stored)})
 
     def __getstate__(self):
-        return {"specs": self.specs, "num_slots": self.num_slots, "rollout": self.rollout,
-                "buffer": self.buffer, "control": self.control}
+        return {"group_specs": self.group_specs, "specs": self.specs, "num_slots": self.num_slots,
+                "rollout": self.rollout, "buffer": self.buffer, "control": self.control}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -376,12 +397,15 @@ class ActionStaging:
     brings the outputs back from a GPU, scatter() writes them into the slots. On a GPU the host
     staging buffers are pinned and the outputs travel packed in one buffer."""
 
-    def __init__(self, slots: RolloutSlots, obs_keys: list[str], fields: list[str], device: torch.device):
-        """`fields`: the slot fields the model's outputs go to, in order; the next RNN states follow them."""
+    def __init__(self, slots: RolloutSlots, obs_keys: list[str], fields: list[str], device: torch.device,
+                 specs: dict | None = None):
+        """`fields`: the slot fields the model's outputs go to, in order; the next RNN states follow
+        them. `specs`: the policy's group's fields (RolloutSlots.fields), if not the first group's."""
         self.device, self.on_gpu, self.obs_keys, self.fields = device, device.type == "cuda", obs_keys, fields
         self.outputs = [*fields, "rnn_state"]  # the outputs' rows: the next states go to the row after the step
         # every slot field as rows [num_slots * (T+1), ...]: a request is one row, so a batch is one index
-        self.rows = {name: tensor.flatten(0, 1) for name, tensor in slots.tensors.items()}
+        tensors = slots.tensors if specs is None else slots.fields(specs)[1]
+        self.rows = {name: tensor.flatten(0, 1) for name, tensor in tensors.items()}
         self.next_states = self.rows["rnn_state"][1:]  # row i here is row i + 1 there: the state after row i
         self.make_buffers(slots.num_slots)  # a slot has one standing request at most
 

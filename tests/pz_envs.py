@@ -31,7 +31,8 @@ class MaskedAndLeaving(ParallelEnv):
         return spaces.Discrete(5)
 
     def reset(self, seed=None, options=None):
-        self.rng = np.random.default_rng(seed)
+        if seed is not None or not hasattr(self, "rng"):  # later games go on from the first's seed
+            self.rng = np.random.default_rng(seed)
         self.agents, self.steps = list(self.possible_agents), 0
         return self.observe(), {agent: {} for agent in self.agents}
 
@@ -71,11 +72,19 @@ class MaskedAndLeaving(ParallelEnv):
 
 
 class UnequalSpaces(MaskedAndLeaving):
-    """Agent "c" sees one more value than the others: one policy cannot serve them all."""
+    """MaskedAndLeaving, but agent "c" (which leaves after LEAVES_AFTER steps) sees one more value
+    than "a" and "b", the last always 1: two groups of agents, each needing a policy of its own."""
 
     @functools.lru_cache(maxsize=None)
     def observation_space(self, agent):
-        return spaces.Box(0.0, 1.0, (6 if agent == "c" else 5,), np.float32)
+        return spaces.Dict({"observation": spaces.Box(0.0, 1.0, (6 if agent == "c" else 5,), np.float32),
+                            "action_mask": spaces.Box(0, 1, (5,), np.int8)})
+
+    def observe(self):
+        obs = super().observe()
+        if "c" in obs:
+            obs["c"]["observation"] = np.append(obs["c"]["observation"], np.float32(1.0))
+        return obs
 
 
 class TimeLimited(ParallelEnv):

@@ -8,8 +8,8 @@ import appo
 import env as envs
 
 
-def pinned(mapping: str, names: list[str], num_policies: int = 2):
-    cfg = types.SimpleNamespace(agent_policies=mapping, num_policies=num_policies, env="test_env")
+def pinned(mapping: str, names: list[str], num_policies: int = 2, mode: str = "train"):
+    cfg = types.SimpleNamespace(agent_policies=mapping, num_policies=num_policies, env="test_env", mode=mode)
     return appo.pinned_policies(cfg, names)
 
 
@@ -17,6 +17,7 @@ def test_rules_pin_agents_by_name_glob_or_index():
     assert pinned("adversary_*=0,agent_*=1", ["adversary_0", "adversary_1", "agent_0"]) == ([0, 0, 1], [])
     assert pinned("1=0, 0=1", ["0", "1"]) == ([1, 0], [])  # a Doom duel's two players, swapped
     assert pinned("*=1", ["a", "b"]) == ([1, 1], [])
+    assert pinned("a=random,b=1", ["a", "b"], mode="eval") == ([appo.RANDOM_PLAY, 1], [])  # eval only
 
 
 @pytest.mark.parametrize("mapping, names, line", [
@@ -25,6 +26,7 @@ def test_rules_pin_agents_by_name_glob_or_index():
     ("a=0,b=2", ["a", "b"], '"b=2" is not AGENT=POLICY with POLICY one of 0 to 1 (--num_policies 2)'),
     ("a=0,b", ["a", "b"], '"b" is not AGENT=POLICY'),
     ("*=0,b=1", ["a", "b"], "agent b is given policies 0 and 1"),
+    ("a=random,b=1", ["a", "b"], '"a=random" is not AGENT=POLICY with POLICY one of 0 to 1 (--num_policies 2)'),
 ])
 def test_a_mapping_that_leaves_out_or_invents_an_agent_is_refused(mapping, names, line):
     assert any(line in error for error in pinned(mapping, names)[1])

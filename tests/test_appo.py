@@ -1293,7 +1293,7 @@ def test_only_learners_and_policy_workers_are_handed_the_weights(tmp_path):
     probe = appo.probe_env(cfg)
     shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
     try:
-        children = appo.make_children(cfg, shared, probe.spaces)
+        children = appo.make_children(cfg, shared)
         handed = {child.kind: [arg for arg in child.args if isinstance(arg, appo.Shared)] for child in children}
         assert [child.kind for child in children].count("rollout worker") == 3
         assert handed["learner"][0].weights == shared.weights and handed["policy worker"][0].weights == shared.weights

@@ -189,7 +189,7 @@ def test_an_actor_handed_to_another_policy_sends_its_partial_slot_to_the_old_lea
         assert worker.reset_all()
         actor = worker.actors[0]
         old_policy, new_policy = actor.policy_id, 1 - actor.policy_id
-        old_slot, arrays = actor.slot, worker.arrays
+        old_slot, arrays = actor.slot, actor.fields.arrays
         for step in range(3):  # three steps of an episode that ended on the third
             arrays["actions"][old_slot, step] = 1
             arrays["policy_version"][old_slot, step] = 7

@@ -41,7 +41,6 @@ def test_an_agent_that_left_is_padded_marked_and_given_no_action_and_every_agent
 def test_envs_that_cannot_run_here_are_one_line_naming_the_fix(tmp_path, capsys):
     for name, kwargs, expected in [
             ("pz:pettingzoo.classic.tictactoe_v3:env", "{}", "makes an AEC env (agents act in turn)"),
-            ("pz:pz_envs:unequal_spaces", "{}", "pad them to one space"),
             ("pz:pz_envs:no_such_factory", "{}", "cannot find the factory"),
             (MASKED_AND_LEAVING, '{"bogus": 1}', "the factory failed (TypeError")]:
         assert appo.main(["--env", name, "--train_dir", str(tmp_path), "--env_kwargs", kwargs]) == 2
@@ -106,14 +105,13 @@ def test_the_rollout_worker_keeps_the_steps_of_an_agent_that_left_out_of_the_los
     import queue
     import types
 
-    worker = types.SimpleNamespace(
-        arrays={"reward": np.zeros((1, 3), np.float32), "done": np.zeros((1, 3), np.float32),
-                "truncated": np.zeros((1, 3), np.float32),
-                "valid": np.ones((1, 3), np.float32), "rnn_state": np.ones((1, 3, 1), np.float32),
-                "obs": np.zeros((1, 3, 2), np.float32)},
-        obs_keys=["obs"], past_policy=None, shared=types.SimpleNamespace(stats_queue=queue.Queue()))
+    arrays = {"reward": np.zeros((1, 3), np.float32), "done": np.zeros((1, 3), np.float32),
+              "truncated": np.zeros((1, 3), np.float32),
+              "valid": np.ones((1, 3), np.float32), "rnn_state": np.ones((1, 3, 1), np.float32),
+              "obs": np.zeros((1, 3, 2), np.float32)}
+    worker = types.SimpleNamespace(past_policy=None, shared=types.SimpleNamespace(stats_queue=queue.Queue()))
     worker.write_obs = lambda actor, obs: appo.RolloutWorker.write_obs(worker, actor, obs)
-    actor = types.SimpleNamespace(slot=0, step=0, policy_id=0)
+    actor = types.SimpleNamespace(slot=0, step=0, policy_id=0, fields=appo.GroupFields(arrays, ["obs"], None))
     appo.RolloutWorker.record_step(worker, actor, np.ones(2), 0.0, True, False, {"agent_left": True})
     appo.RolloutWorker.record_step(worker, actor, np.ones(2), 1.0, False, False, {})
-    assert worker.arrays["valid"][0].tolist() == [0.0, 1.0, 1.0]
+    assert arrays["valid"][0].tolist() == [0.0, 1.0, 1.0]

@@ -40,8 +40,8 @@ def collect(worker, shared, slots: int) -> list[int]:
     handed = []
     while len(handed) < slots:
         for actor in worker.actors:
-            worker.arrays["value"][actor.slot, actor.step] = CONSTANT
-            worker.arrays["rnn_state"][actor.slot, actor.step + 1] = 1.0
+            actor.fields.arrays["value"][actor.slot, actor.step] = CONSTANT
+            actor.fields.arrays["rnn_state"][actor.slot, actor.step + 1] = 1.0
         assert worker.step_split(0)
         while shared.learner_queues[0].qsize():
             handed.append(shared.learner_queues[0].get(timeout=1)[0])
@@ -144,7 +144,7 @@ def test_synchronous_collection_parks_a_split_whose_envs_cut_their_episodes_at_d
         version, parked, share = shared.run.learner_version, 0, worker.gate.rollouts_per_batch
         for _ in range(3 * share * (ROLLOUT + 2)):  # three batches, at the most two early slots a batch
             for actor in worker.actors:  # what a policy worker writes, with the latest weights
-                worker.arrays["policy_version"][actor.slot, actor.step] = version[0]
+                actor.fields.arrays["policy_version"][actor.slot, actor.step] = version[0]
             assert worker.step_split(0)
             while shared.learner_queues[0].qsize():  # the learner takes the batch and frees its slots
                 slot, generation, owner = shared.learner_queues[0].get(timeout=1)

@@ -23,24 +23,26 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import env as envs  # noqa: E402
-from appo import ACTION_MASK  # noqa: E402
+from appo import random_action  # noqa: E402
 
 
-def random_action(space, obs, rng: np.random.Generator):
-    """A uniform random action of `space`; a discrete one among those the obs's mask allows."""
-    if isinstance(obs, dict) and ACTION_MASK in obs and hasattr(space, "n"):
-        allowed = np.flatnonzero(np.asarray(obs[ACTION_MASK]).reshape(-1)[:space.n] > 0)
-        return int(space.start + rng.choice(allowed))
-    return space.sample()
-
-
-def play(env_name: str, episodes: int, seed: int) -> list[float]:
-    """The true_return of `episodes` finished games (each agent's game counts once)."""
+def play(env_name: str, episodes: int, seed: int) -> tuple[list[float], list[int]]:
+    """The true_return of `episodes` finished games (each agent's game counts once), and the
+    group of the agent each return is of (appo.py's groups: agents with the same spaces)."""
     env = envs.create_env(env_name, None, env_index=0)
+    agent_spaces = envs.get_agent_spaces(env)
+    distinct = [pair for i, pair in enumerate(agent_spaces) if pair not in agent_spaces[:i]]
+    groups = [distinct.index(pair) for pair in agent_spaces]
+    action_spaces = [env.action_space] * len(agent_spaces)
+    if len(set(groups)) > 1:  # agents of different groups: each its own space, seeded apart
+        action_spaces = [action_space for _, action_space in agent_spaces]
+        for agent, action_space in enumerate(action_spaces[1:], 1):
+            action_space.seed(seed + agent)
     env.action_space.seed(seed)
     rng = np.random.default_rng(seed)
     num_agents = envs.get_num_agents(env)
     returns: list[float] = []
+    of_group: list[int] = []
     resets = 0
     obs, _ = env.reset(seed=seed)
     while len(returns) < episodes:
@@ -48,15 +50,16 @@ def play(env_name: str, episodes: int, seed: int) -> list[float]:
             obs, _, terminated, truncated, info = env.step(random_action(env.action_space, obs, rng))
             infos, done = [info], terminated or truncated
         else:
-            actions = [random_action(env.action_space, agent_obs, rng) for agent_obs in obs]
+            actions = [random_action(space, agent_obs, rng) for space, agent_obs in zip(action_spaces, obs)]
             obs, _, terminated, truncated, infos = env.step(actions)
             done = all(t or u for t, u in zip(terminated, truncated))
         returns += [info["true_return"] for info in infos if "true_return" in info]
+        of_group += [groups[agent] for agent, info in enumerate(infos) if "true_return" in info]
         if done:
             resets += 1
             obs, _ = env.reset(seed=seed + resets)
     env.close()
-    return returns[:episodes]
+    return returns[:episodes], of_group[:episodes]
 
 
 def main(argv=None):
@@ -70,15 +73,19 @@ def main(argv=None):
     if problem:
         parser.error(f"env: {problem}")
     started = time.time()
-    returns = play(args.env, args.episodes, args.seed)
+    returns, of_group = play(args.env, args.episodes, args.seed)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     result = {"env": args.env, "episodes": len(returns), "seed": args.seed, "commit": commit or "unknown",
               "mean_return": statistics.fmean(returns), "stdev_return": statistics.pstdev(returns),
               "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
               "date": time.strftime("%Y-%m-%d", time.gmtime(started)), "seconds": round(time.time() - started, 1)}
+    if len(set(of_group)) > 1:  # each group's agents' mean: predators and prey score apart
+        result["group_mean_returns"] = [statistics.fmean(r for r, g in zip(returns, of_group) if g == group)
+                                        for group in sorted(set(of_group))]
     print(f"{args.env}: random play, {result['episodes']} games: {result['mean_return']:.2f} "
-          f"(stdev {result['stdev_return']:.2f})")
+          f"(stdev {result['stdev_return']:.2f})"
+          + "".join(f"; group {group} {mean:.2f}" for group, mean in enumerate(result.get("group_mean_returns", []))))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

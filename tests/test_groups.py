@@ -1,0 +1,178 @@
+"""Groups of agents: agents whose (observation, action) spaces differ are trained by policies of
+their own, each with its model, slots' fields, learner and checkpoint. The env is tests/pz_envs.py's
+UnequalSpaces: agents a and b see 5 values, c sees 6 (one always 1) and leaves the game early."""
+import glob
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import appo
+import env as envs
+from test_pettingzoo import run_appo
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(REPO, "scripts"), os.path.join(REPO, "scripts", "tools")]
+import bench_groups  # noqa: E402
+import random_play  # noqa: E402
+
+UNEQUAL = "pz:pz_envs:unequal_spaces"
+SERIAL = ["--serial_mode", "--num_workers", "1", "--num_envs_per_worker", "2", "--rollout", "8",
+          "--batch_size", "16", "--seed", "3"]
+
+
+def probe_and_groups(*flags: str):
+    cfg = appo.parse_args(["--env", UNEQUAL, *flags])
+    probe = appo.probe_env(cfg)
+    return cfg, probe, appo.agent_groups(cfg, probe.agent_spaces, probe.agent_names)
+
+
+def test_agents_with_the_same_spaces_form_a_group_and_each_policy_serves_one():
+    cfg, probe, (groups, errors) = probe_and_groups()
+    assert errors == [] and cfg.num_policies == 2 and cfg.async_rl  # the family's defaults for two groups
+    assert groups.of_agent == [0, 0, 1] and groups.of_policy == [0, 1]
+    assert [obs["observation"].shape for obs, _ in groups.spaces] == [(5,), (6,)]
+    _, _, (groups, _) = probe_and_groups("--num_policies", "4")
+    assert groups.of_policy == [0, 1, 0, 1] and groups.policies(0, types.SimpleNamespace(num_policies=4)) == [0, 2]
+    _, _, (groups, errors) = probe_and_groups("--agent_policies", "c=0,a=1,b=1")
+    assert errors == [] and groups.of_policy == [1, 0]
+    assert envs.env_defaults("pz:pz_envs:masked_and_leaving").get("num_policies") is None  # one group: as before
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--num_policies", "1"], "agents form 2 groups with different spaces (a, b: Dict("),
+    (["--agent_policies", "*=0,c=1", "--num_policies", "2"], "agent c is given policies 0 and 1"),
+    (["--agent_policies", "a=0,b=1,c=1"], "puts agents with different spaces in policy 1"),
+    (["--agent_policies", "a=0,b=0,c=0"], "puts agents with different spaces in policy 0"),
+    (["--agent_policies", "a=0,b=0,c=1", "--num_policies", "3"], "gives policy 2 no agent"),
+    (["--past_opponents_fraction", "0.5"], "--past_opponents_fraction is for agents of one group"),
+    (["--with_pbt"], "groups have 1/1 policies: use --num_policies 4"),
+])
+def test_a_mapping_or_flag_that_mixes_groups_is_refused_before_anything_starts(tmp_path, capsys, flags, line):
+    assert appo.main(["--env", UNEQUAL, "--train_dir", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert line in err, err
+    assert not os.path.exists(os.path.join(tmp_path, "default_experiment", "config.json"))
+
+
+def test_groups_share_the_slot_fields_they_declare_alike_and_keep_their_own_apart():
+    cfg = appo.parse_args(["--env", UNEQUAL, "--rollout", "4"])
+    _, _, (groups, _) = probe_and_groups()
+    specs = [appo.rollout_buffer_specs(*pair, cfg) for pair in groups.spaces]
+    slots = appo.RolloutSlots(specs, num_slots=3, rollout=4, num_workers=1, num_splits=1)
+    (first, _), (second, tensors) = slots.fields(specs[0]), slots.fields(specs[1])
+    assert first["observation"].shape == (3, 5, 5) and second["observation"].shape == (3, 5, 6)
+    first["reward"][1, 2] = 7.0
+    assert second["reward"][1, 2] == 7.0 and tensors["reward"][1, 2] == 7.0  # one field, one memory
+    second["observation"][1, 2] = 1.0
+    assert not first["observation"].any()
+    assert slots.arrays is not None and slots.arrays["observation"].shape == (3, 5, 5)  # the first group's
+
+
+def checkpoint_of(train_dir, experiment: str, policy: int) -> dict:
+    path = sorted(glob.glob(os.path.join(train_dir, experiment, f"checkpoint_p{policy}", "checkpoint_*.pth")))[-1]
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def test_a_serial_run_trains_each_group_with_its_own_model_on_its_agents_steps_and_repeats(tmp_path):
+    for experiment in ("first", "second"):
+        assert appo.main(["--env", UNEQUAL, "--train_dir", str(tmp_path), "--experiment", experiment, *SERIAL,
+                          "--train_for_env_steps", "400"]) == 0
+    first = [checkpoint_of(tmp_path, "first", policy) for policy in (0, 1)]
+    widths = [next(tensor.shape[1] for key, tensor in checkpoint["model"].items()
+                   if "observation" in key and key.endswith("weight") and tensor.dim() == 2) for checkpoint in first]
+    assert widths == [5, 6]  # each policy's model reads its group's observation
+    # a batch holds only its policy's agents: a and b fill p0's batches twice as fast as c fills p1's
+    assert first[0]["env_frames"] >= 2 * first[1]["env_frames"] - 16 and first[1]["env_frames"] >= 400
+    for policy in (0, 1):  # seeded --serial_mode: the same steps, the same weights
+        second = checkpoint_of(tmp_path, "second", policy)
+        assert all(torch.equal(tensor, second["model"][key]) for key, tensor in first[policy]["model"].items())
+
+
+def test_a_policy_of_a_group_never_draws_a_policy_of_another_group(tmp_path):
+    cfg = appo.parse_args(["--env", UNEQUAL, "--num_policies", "4", "--remap_policies_every", "1",
+                           "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1",
+                           "--rollout", "8", "--train_dir", str(tmp_path)])
+    probe = appo.probe_env(cfg)
+    shared = appo.create_shared(cfg, appo.ActorCritic(*probe.spaces, cfg), probe)
+    worker = appo.RolloutWorker(0, 0, cfg, shared)
+    seen = [set() for _ in worker.actors]
+    try:
+        assert worker.reset_all()
+        for _ in range(60):  # five games of 12 steps, each followed by a remap
+            for actor, policies in zip(worker.actors, seen):
+                policies.add(actor.policy_id)
+                arrays = actor.fields.arrays  # an allowed action, as a policy worker would write
+                arrays["actions"][actor.slot, actor.step] = np.flatnonzero(arrays["action_mask"][actor.slot, actor.step])[0]
+            assert worker.step_split(0)
+            for policy in range(4):
+                while shared.learner_queues[policy].qsize():
+                    slot, generation, owner = shared.learner_queues[policy].get(timeout=1)
+                    assert shared.slots.control.transfer(slot, owner, generation, appo.learner_owner(cfg, policy))
+                    shared.slots.control.release([slot])
+        assert sum(worker.episodes_per_env) >= 8
+        for actor, policies in zip(worker.actors, seen):
+            assert policies <= ({0, 2} if actor.agent < 2 else {1, 3}), (actor.agent, policies)
+        assert set().union(*seen) == {0, 1, 2, 3}
+    finally:
+        worker.close()
+
+
+def test_pbt_ranks_and_copies_within_a_group_only(tmp_path, capsys):
+    cfg = appo.parse_args(["--env", UNEQUAL, "--num_policies", "4", "--with_pbt", "--pbt_period_env_steps", "10",
+                           "--pbt_replace_fraction", "0.5", "--pbt_replace_reward_gap", "0.1",
+                           "--train_dir", str(tmp_path), "--seed", "1"])
+    _, probe, (groups, _) = probe_and_groups("--num_policies", "4")
+    hyperparams = appo.PolicyHyperparams(cfg, None)
+    pbt = appo.PopulationBasedTraining(cfg, hyperparams)
+    # the best of all is p3 (group 1); were it ranked with group 0's, p0 and p2 would copy it
+    stats = types.SimpleNamespace(episode_objectives=[[1.0], [0.0], [2.0], [9.0]])
+    shared = types.SimpleNamespace(run=types.SimpleNamespace(learner_frames=np.full(4, 100)), groups=groups,
+                                   hyperparams=hyperparams)
+    pbt.step(stats, shared)
+    copies = {policy: int(hyperparams.copy_source[policy]) for policy in range(4) if hyperparams.copy_request[policy]}
+    assert copies == {0: 2, 1: 3}, capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_mixed_env_trains_with_no_flag_but_env_then_evaluates_per_group_and_resumes(tmp_path):
+    short = ["--num_workers", "1", "--num_envs_per_worker", "2", "--report_every_sec", "2", "--experiment", "mixed"]
+    trained = run_appo(tmp_path, UNEQUAL, *short, "--train_for_env_steps", "3000")
+    out = trained.stdout + trained.stderr
+    assert trained.returncode == 0, out[-3000:]
+    assert "p0 avg return" in out and "p1 avg return" in out
+    assert "done: policy 0:" in out and "done: policy 1:" in out
+
+    played = run_appo(tmp_path, UNEQUAL, "--mode", "eval", "--experiment", "mixed", "--max_num_episodes", "3")
+    out = played.stdout + played.stderr
+    assert played.returncode == 0, out[-3000:]
+    assert "group 0 (a, b; policy 0): mean return" in out and "group 1 (c; policy 1): mean return" in out
+    assert len(bench_groups.GROUP_LINE.findall(out)) == 2  # what scripts/bench_groups.py reads
+    against_random = run_appo(tmp_path, UNEQUAL, "--mode", "eval", "--experiment", "mixed", "--max_num_episodes", "3",
+                              "--agent_policies", "a=0,b=0,c=random", "--seed", "1")
+    out = against_random.stdout + against_random.stderr
+    assert against_random.returncode == 0, out[-3000:]
+    assert "agent 2 (policy random) mean return" in out and "with policy 1's" not in out
+
+    resumed = run_appo(tmp_path, UNEQUAL, *short, "--train_for_env_steps", "6000")
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert "policy 0 resumed from policy version" in out and "policy 1 resumed from policy version" in out
+    assert checkpoint_of(tmp_path, "mixed", 1)["env_frames"] >= 6000
+
+
+def test_the_groups_bench_plays_every_group_trained_and_random_and_each_trained_alone():
+    members, policies = bench_groups.env_groups(UNEQUAL)
+    assert members == [["a", "b"], ["c"]] and policies == [0, 1]
+    assert bench_groups.pairings(members, policies) == {
+        "random": "a=random,b=random,c=random", "trained": None,
+        "0 trained": "a=0,b=0,c=random", "1 trained": "a=random,b=random,c=1"}
+
+
+def test_random_play_scores_each_group_apart():
+    returns, of_group = random_play.play(UNEQUAL, episodes=30, seed=0)
+    assert len(returns) == 30 and set(of_group) == {0, 1}
+    assert max(r for r, g in zip(returns, of_group) if g == 1) <= 4.0  # c leaves after 4 steps: 1 a step at most
