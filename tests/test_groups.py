@@ -50,6 +50,7 @@ def test_agents_with_the_same_spaces_form_a_group_and_each_policy_serves_one():
     (["--agent_policies", "a=0,b=0,c=1", "--num_policies", "3"], "gives policy 2 no agent"),
     (["--past_opponents_fraction", "0.5"], "--past_opponents_fraction is for agents of one group"),
     (["--with_pbt"], "groups have 1/1 policies: use --num_policies 4"),
+    (["--no-async_rl"], "--no-async_rl is for one policy"),  # each group's learner takes its own batches
 ])
 def test_a_mapping_or_flag_that_mixes_groups_is_refused_before_anything_starts(tmp_path, capsys, flags, line):
     assert appo.main(["--env", UNEQUAL, "--train_dir", str(tmp_path), *flags]) == 2
@@ -176,3 +177,27 @@ def test_random_play_scores_each_group_apart():
     returns, of_group = random_play.play(UNEQUAL, episodes=30, seed=0)
     assert len(returns) == 30 and set(of_group) == {0, 1}
     assert max(r for r, g in zip(returns, of_group) if g == 1) <= 4.0  # c leaves after 4 steps: 1 a step at most
+
+
+GROUP_TABLES = {"simple_tag": "## Groups of agents: predators and prey"}
+
+
+@pytest.mark.parametrize("folder, heading", GROUP_TABLES.items())
+def test_the_groups_tables_in_learning_md_are_their_files(folder, heading):
+    """learning.md's table of each groups bench, cell for cell from its result files (rows in the
+    bench's order of pairings), with the minutes and the code its text gives."""
+    results = [bench_groups.bench.load_result(path) for path in
+               sorted(glob.glob(os.path.join(REPO, "docs", "bench", "groups", folder, "appo_seed*.json")))]
+    assert len(results) == 3
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        section = f.read().split(heading, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "[" in line]
+    assert len(rows) == len(results[0]["scores"])
+    for row, pairing in zip(rows, results[0]["scores"]):
+        cells = [cell.strip().strip("*").replace("** [", " [") for cell in row.strip("|").split("|")[1:]]
+        for group, cell in enumerate(cells):
+            values = sorted(result["scores"][pairing][group] for result in results)
+            assert cell == f"{np.median(values):.2f} [{values[0]:.2f}, {values[-1]:.2f}]", (pairing, group)
+    minutes = np.median([result["wall_s"] / 60 for result in results])
+    assert f"{minutes:.1f} minutes median" in " ".join(section.split())
+    assert f"Code {results[0]['config']['code']}" in section
