@@ -50,6 +50,7 @@ def test_agents_with_the_same_spaces_form_a_group_and_each_policy_serves_one():
     (["--agent_policies", "a=0,b=0,c=1", "--num_policies", "3"], "gives policy 2 no agent"),
     (["--past_opponents_fraction", "0.5"], "--past_opponents_fraction is for agents of one group"),
     (["--with_pbt"], "groups have 1/1 policies: use --num_policies 4"),
+    (["--no-async_rl"], "--no-async_rl is for one policy"),  # each group's learner takes its own batches
 ])
 def test_a_mapping_or_flag_that_mixes_groups_is_refused_before_anything_starts(tmp_path, capsys, flags, line):
     assert appo.main(["--env", UNEQUAL, "--train_dir", str(tmp_path), *flags]) == 2
