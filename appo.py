@@ -1063,6 +1063,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "POLICY a policy's index (or, in --mode eval, random: uniform random actions); every agent "
                              "needs one, and a pinned agent keeps its policy (default: random policies of the agent's "
                              "group, drawn again every --remap_policies_every episodes)")
+    system.add_argument("--init_policies", default=None,
+                        help='starts policies from saved weights, "POLICY=CHECKPOINT,...": each named policy begins '
+                             "at that checkpoint's model (a policy with checkpoints of its own in this experiment "
+                             "resumes from them instead), e.g. a trained duellist in a new duel")
+    system.add_argument("--frozen_policies", default=None,
+                        help='policies that act but never train, "1,3": their learners take their batches and '
+                             "count their frames but make no SGD step (with --init_policies: a trained policy held "
+                             "against learning ones)")
     system.add_argument("--past_opponents_fraction", type=float, default=0.0,
                         help="multi-agent envs: the chance that an agent (not an env's first) plays a frozen past "
                              "version of the population instead of a learning policy, drawn at every remap")
@@ -1264,6 +1272,7 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     elif cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout} (a minibatch "
                       f"is whole trajectories): use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout}")
+    errors += policy_list_errors(cfg)
     if not 0 <= cfg.past_opponents_fraction <= 1:
         errors.append(f"--past_opponents_fraction must be in [0, 1], got {cfg.past_opponents_fraction}")
     elif cfg.past_opponents_fraction > 0 and envs.num_agents_of(cfg.env) == 1:
@@ -1296,6 +1305,35 @@ def synchronous_errors(cfg, num_agents: int | None) -> list[str]:
                 f"x --rollout {cfg.rollout} = {samples:,} samples: use --num_batches_per_epoch "
                 f"{fits * max(1, round(cfg.num_batches_per_epoch / fits))}, change those flags, or drop --no-async_rl"]
     return []
+
+
+def init_policies(cfg) -> dict[int, str]:
+    """--init_policies: policy -> the checkpoint it starts from."""
+    rules = [rule.strip().partition("=") for rule in (cfg.init_policies or "").split(",") if rule.strip()]
+    return {int(policy): path.strip() for policy, _, path in rules}
+
+
+def frozen_policies(cfg) -> set[int]:
+    return {int(policy) for policy in (cfg.frozen_policies or "").split(",") if policy.strip()}
+
+
+def policy_list_errors(cfg) -> list[str]:
+    """--init_policies' and --frozen_policies' form, their policies, and the checkpoints' files."""
+    errors = []
+    for rule in cfg.init_policies.split(",") if cfg.init_policies else []:
+        policy, _, path = rule.strip().partition("=")
+        if not (policy.strip().isdigit() and int(policy) < cfg.num_policies and path.strip()):
+            errors.append(f'--init_policies: "{rule.strip()}" is not POLICY=CHECKPOINT with POLICY one of 0 to '
+                          f"{cfg.num_policies - 1} (--num_policies {cfg.num_policies})")
+        elif not os.path.isfile(path.strip()):
+            errors.append(f"--init_policies: no file {path.strip()} for policy {policy.strip()}: name a checkpoint_*.pth")
+    for policy in cfg.frozen_policies.split(",") if cfg.frozen_policies else []:
+        if not (policy.strip().isdigit() and int(policy) < cfg.num_policies):
+            errors.append(f'--frozen_policies: "{policy.strip()}" is not a policy index, 0 to {cfg.num_policies - 1} '
+                          f"(--num_policies {cfg.num_policies}); give them as 1,3")
+    if cfg.frozen_policies and getattr(cfg, "with_pbt", False):
+        errors.append("--frozen_policies with --with_pbt: PBT would copy weights into a frozen policy; drop one")
+    return errors
 
 
 RANDOM_PLAY = -1  # --agent_policies' "random" in an evaluation: uniform random actions
@@ -1731,6 +1769,14 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
         model = model if policy_id == 0 else ActorCritic(*groups.policy_spaces(policy_id), cfg)
         shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
+        if checkpoint is None and policy_id in init_policies(cfg):  # version 0 is the named checkpoint's model
+            start = load_checkpoint_file(init_policies(cfg)[policy_id], "--init_policies")
+            mismatch = checkpoint_mismatch(model, start["model"])
+            if mismatch:
+                raise CheckpointError(f"--init_policies: {init_policies(cfg)[policy_id]} was made by a different "
+                                      f"model than policy {policy_id}'s ({mismatch})")
+            model.load_state_dict(start["model"])
+            shared_weights.publish(model, 0)
         if checkpoint is not None:  # policy workers act with the resumed weights from the start
             resumed_frames += checkpoint["env_frames"]
             mismatch = checkpoint_mismatch(model, checkpoint["model"])
@@ -2761,6 +2807,15 @@ def save_checkpoint(cfg, policy_id: int, state: dict) -> str:
     return path
 
 
+def load_checkpoint_file(path: str, flag: str) -> dict:
+    """A checkpoint a flag names, loaded on the CPU; a clear line if it is not one."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # missing, truncated, or not a checkpoint at all
+        raise CheckpointError(f"{flag} {path} cannot be read ({str(error).splitlines()[0]}): name a "
+                              "checkpoint_*.pth file") from None
+
+
 class CheckpointError(RuntimeError):
     pass
 
@@ -3157,8 +3212,8 @@ class Learner:
         for extra in EXTRAS:
             extra.before_sgd(self)
         self.apply_lr_schedule()
-        with self.times("sgd"):
-            stats = self.sgd_step(batch, report)
+        with self.times("sgd"):  # a frozen policy's batches count, and teach it nothing
+            stats = {} if self.policy_id in frozen_policies(self.cfg) else self.sgd_step(batch, report)
         self.policy_version += 1
         self.env_frames += samples_per_iteration(self.cfg) * self.cfg.env_frameskip * self.cfg.world_size  # all ranks
         with self.times("publish"):
@@ -3960,6 +4015,9 @@ def run_training(cfg, watch) -> TrainResult:
     shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
     if len(groups.spaces) > 1 and cfg.rank == 0:
         print(groups_line(groups, probe.agent_names, cfg), flush=True)
+    for policy in sorted(frozen_policies(cfg)) if cfg.rank == 0 else ():
+        start = init_policies(cfg).get(policy, "its own checkpoint, or version 0")
+        print(f"policy {policy} is frozen: it acts with the weights of {start}, and never trains", flush=True)
     if cfg.serial_mode:
         workers = SerialRun(cfg, shared)
     else:
@@ -4687,11 +4745,7 @@ def load_policy_for_eval(cfg) -> dict:
     """The checkpoint to play (--checkpoint or the experiment's latest); its model and env flags override
     cfg's, with a note for each one the command line gave otherwise."""
     if cfg.checkpoint is not None:
-        try:
-            checkpoint = torch.load(cfg.checkpoint, map_location="cpu", weights_only=True)
-        except Exception as error:  # missing, truncated, or not a checkpoint at all
-            raise CheckpointError(f"--checkpoint {cfg.checkpoint} cannot be read "
-                                  f"({str(error).splitlines()[0]}): name a checkpoint_*.pth file")
+        checkpoint = load_checkpoint_file(cfg.checkpoint, "--checkpoint")
     else:
         checkpoint = load_latest_checkpoint(cfg, cfg.policy_index)
         if checkpoint is None:

@@ -81,6 +81,7 @@ def evaluate(env_name: str, train_dir: str, seed: int, games: int, agent_policie
 
 def run_seed(args, seed: int, path: str):
     members, policies = env_groups(args.env)
+    code, commit = bench.appo_code_hash(), bench.git_commit()  # the code that trains, read before it starts
     train_dir = tempfile.mkdtemp(prefix="bench_groups_")
     command = [sys.executable, os.path.join(bench.REPO, "appo.py"), "--env", args.env, "--seed", str(seed),
                "--train_dir", train_dir, "--experiment", "run", "--train_for_env_steps", str(args.frames),
@@ -102,8 +103,8 @@ def run_seed(args, seed: int, path: str):
     finally:
         shutil.rmtree(train_dir, ignore_errors=True)
     result = {"config": {"trainer": "appo", "env": args.env, "frames": args.frames, "seed": seed, "extra_flags": [],
-                         "code": bench.appo_code_hash()},
-              "commit": bench.git_commit(), "command": " ".join(command[1:]).replace(train_dir, "TRAIN_DIR"),
+                         "code": code},
+              "commit": commit, "command": " ".join(command[1:]).replace(train_dir, "TRAIN_DIR"),
               "groups": members, "games": args.games, "frames_trained": trained, "scores": scores, "precision": precision,
               "machine": bench.machine(), "versions": bench.package_versions(sys.executable),
               **{key: run[key] for key in ("started_at", "wall_s", "other_cpu_share")},

@@ -3,6 +3,7 @@ against the env's agents before anything starts."""
 import types
 
 import pytest
+import torch
 
 import appo
 import env as envs
@@ -79,3 +80,33 @@ def test_eval_plays_each_pinned_agent_with_its_policys_checkpoint(tmp_path, caps
     assert "with policy 0's version" in out and "with policy 1's version" in out
     assert all(f"agent {agent} (policy {policy}) mean return" in out for agent, policy in enumerate([1, 0, 1]))
     assert appo.main([*common[:5], "x=0", *common[6:], "--mode", "eval"]) == 2  # a wrong rule stops it too
+
+
+def test_a_policy_started_from_a_checkpoint_and_frozen_plays_those_weights_while_the_other_learns(tmp_path, capsys):
+    common = ["--env", "pz:pz_envs:time_limited", "--num_policies", "2", "--agent_policies", "cut=1,ends=0,stays=1",
+              "--train_dir", str(tmp_path), "--seed", "1", "--async_rl", "--serial_mode", "--num_workers", "1",
+              "--num_envs_per_worker", "2", "--rollout", "8", "--batch_size", "16", "--train_for_env_steps", "600"]
+    assert appo.main([*common[:-1], "300", "--experiment", "trained"]) == 0  # half the budget held has
+    trained = appo.load_latest_checkpoint(appo.parse_args([*common, "--experiment", "trained"]), 0)
+    assert appo.main([*common, "--experiment", "held", "--init_policies", f"1={trained['path']}",
+                      "--frozen_policies", "1"]) == 0
+    assert "policy 1 is frozen: it acts with the weights of " + trained["path"] in capsys.readouterr().out
+    held = appo.parse_args([*common, "--experiment", "held"])
+    frozen, learning = appo.load_latest_checkpoint(held, 1), appo.load_latest_checkpoint(held, 0)
+    assert frozen["env_frames"] >= 600 and frozen["policy_version"] > 0  # it played and counted its batches
+    assert all(torch.equal(tensor, trained["model"][key]) for key, tensor in frozen["model"].items())
+    # its learning opponent trains on past the 300 frames of the weights it holds
+    assert learning["policy_version"] > trained["policy_version"]
+    assert not all(torch.equal(tensor, trained["model"][key]) for key, tensor in learning["model"].items())
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--init_policies", "2=x.pth"], '--init_policies: "2=x.pth" is not POLICY=CHECKPOINT with POLICY one of 0 to 1'),
+    (["--init_policies", "1=missing.pth"], "--init_policies: no file missing.pth for policy 1"),
+    (["--frozen_policies", "0;1"], '--frozen_policies: "0;1" is not a policy index'),
+    (["--frozen_policies", "1", "--with_pbt"], "--frozen_policies with --with_pbt"),
+])
+def test_wrong_init_or_frozen_policies_are_refused_before_anything_starts(tmp_path, capsys, flags, line):
+    assert appo.main(["--env", "pz:pz_envs:time_limited", "--num_policies", "2", "--async_rl",
+                      "--train_dir", str(tmp_path), *flags]) == 2
+    assert line in capsys.readouterr().err
