@@ -2224,7 +2224,7 @@ def _pz_problem(name: str, cfg=None) -> Problem:
 @functools.lru_cache(maxsize=None)
 def _pz_env_problem(name: str, env_kwargs: str | None) -> Problem:
     """What one env made with the run's --env_kwargs says: a factory that cannot be found, an AEC
-    env, agents that cannot share a policy. The env is made once and closed."""
+    env, not a ParallelEnv. The env is made once and closed."""
     try:
         factory = _pz_factory(name)
     except (ImportError, AttributeError) as error:
