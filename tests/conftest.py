@@ -120,6 +120,19 @@ def outside_a_run(cfg, spaces_pair, **fields):
     return types.SimpleNamespace(weights=[weights], **fields)
 
 
+def free_handed_slots(cfg, shared) -> int:
+    """Does what each learner does with the slots a rollout worker handed it (takes them from the
+    worker that sent them, then frees them), without training; how many it freed."""
+    freed = 0
+    for policy, learner_queue in enumerate(shared.learner_queues):
+        while learner_queue.qsize():
+            slot, generation, owner = learner_queue.get(timeout=1)
+            assert shared.slots.control.transfer(slot, owner, generation, appo.learner_owner(cfg, policy))
+            shared.slots.control.release([slot])
+            freed += 1
+    return freed
+
+
 def gather_slots(slots: appo.RolloutSlots, slot_indices: list[int]) -> dict[str, torch.Tensor]:
     """Copies whole trajectories out of the slots, as a test reads them (the learner copies with
     BatchBuffers): name -> [T+1, len(slot_indices), ...], time first, as views of trajectory-major

@@ -7,6 +7,7 @@ import torch
 
 import appo
 import env as envs
+from conftest import free_handed_slots
 
 
 def pinned(mapping: str, names: list[str], num_policies: int = 2, mode: str = "train"):
@@ -54,11 +55,7 @@ def test_pinned_agents_keep_their_policies_across_episodes(tmp_path):
         assert worker.reset_all()
         for _ in range(40):  # games of 12 steps: a remap after each, were the agents not pinned
             assert worker.step_split(0)
-            for policy in range(2):
-                while shared.learner_queues[policy].qsize():
-                    slot, generation, owner = shared.learner_queues[policy].get(timeout=1)
-                    assert shared.slots.control.transfer(slot, owner, generation, appo.learner_owner(cfg, policy))
-                    shared.slots.control.release([slot])
+            free_handed_slots(cfg, shared)
         assert worker.episodes_per_env == [3, 3]
         assert [actor.policy_id for actor in worker.actors] == [1, 0, 1] * 2
     finally:

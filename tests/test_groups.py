@@ -13,6 +13,7 @@ import torch
 import appo
 import env as envs
 from test_pettingzoo import run_appo
+from conftest import free_handed_slots
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "scripts"), os.path.join(REPO, "scripts", "tools")]
@@ -109,11 +110,7 @@ def test_a_policy_of_a_group_never_draws_a_policy_of_another_group(tmp_path):
                 arrays = actor.fields.arrays  # an allowed action, as a policy worker would write
                 arrays["actions"][actor.slot, actor.step] = np.flatnonzero(arrays["action_mask"][actor.slot, actor.step])[0]
             assert worker.step_split(0)
-            for policy in range(4):
-                while shared.learner_queues[policy].qsize():
-                    slot, generation, owner = shared.learner_queues[policy].get(timeout=1)
-                    assert shared.slots.control.transfer(slot, owner, generation, appo.learner_owner(cfg, policy))
-                    shared.slots.control.release([slot])
+            free_handed_slots(cfg, shared)
         assert sum(worker.episodes_per_env) >= 8
         for actor, policies in zip(worker.actors, seen):
             assert policies <= ({0, 2} if actor.agent < 2 else {1, 3}), (actor.agent, policies)

@@ -14,7 +14,7 @@ import torch
 import appo
 import clock_env
 import pz_envs
-from conftest import RUN_TIMEOUT_S, gather_slots, processes_still_tagged
+from conftest import RUN_TIMEOUT_S, free_handed_slots, gather_slots, processes_still_tagged
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GAMMA = 0.9
@@ -146,10 +146,7 @@ def test_synchronous_collection_parks_a_split_whose_envs_cut_their_episodes_at_d
             for actor in worker.actors:  # what a policy worker writes, with the latest weights
                 actor.fields.arrays["policy_version"][actor.slot, actor.step] = version[0]
             assert worker.step_split(0)
-            while shared.learner_queues[0].qsize():  # the learner takes the batch and frees its slots
-                slot, generation, owner = shared.learner_queues[0].get(timeout=1)
-                assert shared.slots.control.transfer(slot, owner, generation, appo.learner_owner(cfg, 0))
-                shared.slots.control.release([slot])
+            free_handed_slots(cfg, shared)  # the learner takes the batch and frees its slots
             if not worker.gate.lets_go(0):
                 parked += 1
                 assert all(actor.step == 0 for actor in worker.actors)
