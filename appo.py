@@ -1346,8 +1346,14 @@ def pinned_policies(cfg, agent_names: list[str]) -> tuple[list[int | None], list
     errors = []
     for rule in cfg.agent_policies.split(","):
         pattern, _, policy = rule.strip().rpartition("=")
-        policy = str(RANDOM_PLAY) if policy.strip() == "random" and cfg.mode == "eval" else policy.strip()
-        if not pattern or not (policy.isdigit() or policy == str(RANDOM_PLAY)) or int(policy) >= cfg.num_policies:
+        policy = policy.strip()
+        if policy == "random" and cfg.mode == "eval":
+            policy = RANDOM_PLAY
+        elif policy.isdigit() and int(policy) < cfg.num_policies:
+            policy = int(policy)
+        else:
+            policy = None
+        if not pattern or policy is None:
             also = " (or random, in --mode eval)" if cfg.mode == "eval" else ""
             errors.append(f'--agent_policies: "{rule.strip()}" is not AGENT=POLICY with POLICY one of 0 to '
                           f"{cfg.num_policies - 1} (--num_policies {cfg.num_policies}){also}")
@@ -1357,9 +1363,9 @@ def pinned_policies(cfg, agent_names: list[str]) -> tuple[list[int | None], list
             errors.append(f'--agent_policies: "{pattern.strip()}" names no agent of {cfg.env}, whose agents are '
                           f"{', '.join(agent_names)}")
         for i in matched:
-            if policies[i] not in (None, int(policy)):
+            if policies[i] not in (None, policy):
                 errors.append(f"--agent_policies: agent {agent_names[i]} is given policies {policies[i]} and {policy}")
-            policies[i] = int(policy)
+            policies[i] = policy
     unpinned = [name for name, policy in zip(agent_names, policies) if policy is None]
     if unpinned and not errors:
         errors.append(f"--agent_policies gives no policy to agent(s) {', '.join(unpinned)} of {cfg.env}: "

@@ -29,6 +29,7 @@ def test_rules_pin_agents_by_name_glob_or_index():
     ("a=0,b", ["a", "b"], '"b" is not AGENT=POLICY'),
     ("*=0,b=1", ["a", "b"], "agent b is given policies 0 and 1"),
     ("a=random,b=1", ["a", "b"], '"a=random" is not AGENT=POLICY with POLICY one of 0 to 1 (--num_policies 2)'),
+    ("a=-1,b=1", ["a", "b"], '"a=-1" is not AGENT=POLICY'),  # random play's id is no policy of a run
 ])
 def test_a_mapping_that_leaves_out_or_invents_an_agent_is_refused(mapping, names, line):
     assert any(line in error for error in pinned(mapping, names)[1])
