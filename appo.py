@@ -1393,11 +1393,7 @@ def agent_groups(cfg, agent_spaces: list[tuple[spaces.Space, spaces.Space]], age
                  ) -> tuple[Groups, list[str]]:
     """(the env's groups and each policy's, the mistakes). A policy's group is its agents' under
     --agent_policies, else policy i serves group i % (number of groups)."""
-    group_spaces, of_agent = [], []
-    for pair in agent_spaces:
-        if pair not in group_spaces:
-            group_spaces.append(pair)
-        of_agent.append(group_spaces.index(pair))
+    group_spaces, of_agent = envs.space_groups(agent_spaces)
     names = agent_names or [str(agent) for agent in range(len(agent_spaces))]
     members = [[name for name, group in zip(names, of_agent) if group == g] for g in range(len(group_spaces))]
     described = "; ".join(f"{', '.join(agents)}: {obs} and {action}"
@@ -1769,17 +1765,17 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     make_queue = (lambda capacity: InProcessQueue()) if cfg.serial_mode else appo_ipc.Queue
     specs = [rollout_buffer_specs(*group_spaces, cfg) for group_spaces in groups.spaces]
     weights_device = torch.device(cfg.device) if cfg.device.startswith("cuda") else None  # GPU: weights stay there
-    weights, resumed_frames = [], 0
+    weights, resumed_frames, starts = [], 0, init_policies(cfg)
     for policy_id in range(cfg.num_policies):
         # version 0, which the learner starts from too: weights of its own per policy, drawn from the run's seed
         model = model if policy_id == 0 else ActorCritic(*groups.policy_spaces(policy_id), cfg)
         shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
-        if checkpoint is None and policy_id in init_policies(cfg):  # version 0 is the named checkpoint's model
-            start = load_checkpoint_file(init_policies(cfg)[policy_id], "--init_policies")
+        if checkpoint is None and policy_id in starts:  # version 0 is the named checkpoint's model
+            start = load_checkpoint_file(starts[policy_id], "--init_policies")
             mismatch = checkpoint_mismatch(model, start["model"])
             if mismatch:
-                raise CheckpointError(f"--init_policies: {init_policies(cfg)[policy_id]} was made by a different "
+                raise CheckpointError(f"--init_policies: {starts[policy_id]} was made by a different "
                                       f"model than policy {policy_id}'s ({mismatch})")
             model.load_state_dict(start["model"])
             shared_weights.publish(model, 0)
@@ -3107,6 +3103,7 @@ class Learner:
         self.batches: queue.Queue = queue.Queue(maxsize=1)
         self.slots_per_batch = trajectories_per_batch(cfg)
         self.slot_specs = rollout_buffer_specs(*spaces_pair, cfg)  # its group's fields of the slots
+        self.frozen = policy_id in frozen_policies(cfg)  # --frozen_policies: it acts, and never trains
         # on the device, read when a report is due (sgd_step)
         self.skipped_steps = self.nonfinite_in_a_row = torch.zeros((), device=self.device)
         self.last_save, self.next_stats_at = time.monotonic(), 0.0
@@ -3219,7 +3216,7 @@ class Learner:
             extra.before_sgd(self)
         self.apply_lr_schedule()
         with self.times("sgd"):  # a frozen policy's batches count, and teach it nothing
-            stats = {} if self.policy_id in frozen_policies(self.cfg) else self.sgd_step(batch, report)
+            stats = {} if self.frozen else self.sgd_step(batch, report)
         self.policy_version += 1
         self.env_frames += samples_per_iteration(self.cfg) * self.cfg.env_frameskip * self.cfg.world_size  # all ranks
         with self.times("publish"):

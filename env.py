@@ -288,6 +288,16 @@ def get_agent_spaces(env: gym.Env) -> list[tuple[spaces.Space, spaces.Space]]:
     return list(agent_spaces) if agent_spaces else [(env.observation_space, env.action_space)] * get_num_agents(env)
 
 
+def space_groups(agent_spaces: list[tuple[spaces.Space, spaces.Space]]) -> tuple[list[tuple], list[int]]:
+    """Agents with the same (observation space, action space) form a group, numbered in the order of
+    their first agent: (each group's spaces, each agent's group)."""
+    groups: list[tuple] = []
+    for pair in agent_spaces:
+        if pair not in groups:
+            groups.append(pair)
+    return groups, [groups.index(pair) for pair in agent_spaces]
+
+
 def get_agent_names(env: gym.Env) -> list[str]:
     """The agents' names in the order of the env's lists: a PettingZoo env's possible_agents, else
     their indices ("0", "1", ...)."""
@@ -2264,8 +2274,7 @@ def _pz_metadata_and_spaces(name: str) -> tuple[dict, spaces.Space, int] | None:
     try:
         agents = env.possible_agents
         pairs = [(env.observation_space(agent), env.action_space(agent)) for agent in agents]
-        groups = [pair for i, pair in enumerate(pairs) if pair not in pairs[:i]]
-        return dict(env.metadata), pairs[0][0], len(groups)
+        return dict(env.metadata), pairs[0][0], len(space_groups(pairs)[0])
     finally:
         env.close()
 

@@ -49,8 +49,8 @@ def env_groups(env_name: str) -> tuple[list[list[str]], list[int]]:
         names, agent_spaces = envs.get_agent_names(env), envs.get_agent_spaces(env)
     finally:
         env.close()
-    distinct = [pair for i, pair in enumerate(agent_spaces) if pair not in agent_spaces[:i]]
-    members = [[name for name, pair in zip(names, agent_spaces) if pair == group] for group in distinct]
+    distinct, of_agent = envs.space_groups(agent_spaces)
+    members = [[name for name, group in zip(names, of_agent) if group == g] for g in range(len(distinct))]
     return members, list(range(len(distinct)))
 
 

@@ -31,8 +31,7 @@ def play(env_name: str, episodes: int, seed: int) -> tuple[list[float], list[int
     group of the agent each return is of (appo.py's groups: agents with the same spaces)."""
     env = envs.create_env(env_name, None, env_index=0)
     agent_spaces = envs.get_agent_spaces(env)
-    distinct = [pair for i, pair in enumerate(agent_spaces) if pair not in agent_spaces[:i]]
-    groups = [distinct.index(pair) for pair in agent_spaces]
+    groups = envs.space_groups(agent_spaces)[1]
     action_spaces = [env.action_space] * len(agent_spaces)
     if len(set(groups)) > 1:  # agents of different groups: each its own space, seeded apart
         action_spaces = [action_space for _, action_space in agent_spaces]
