@@ -4158,7 +4158,9 @@ class Reporting(Extra):
         if cfg.rank == 0:
             self.summaries.write(run)
             if run.exit_code == 0:
-                print("\n".join(end_of_run_lines(cfg, run.result, self.first_windows)), flush=True)
+                groups = run.shared.groups
+                rivals_learn = cfg.num_policies > 1 and groups is not None and len(groups.of_agent) > 1
+                print("\n".join(end_of_run_lines(cfg, run.result, self.first_windows, rivals_learn)), flush=True)
         self.summaries.close()
 
 
@@ -4186,9 +4188,12 @@ def did_not_learn(first_window: tuple[float, float] | None, best: float) -> bool
     return best - first_mean <= 2 * first_standard_error
 
 
-def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None) -> list[str]:
+def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None,
+                     rivals_learn: bool = False) -> list[str]:
     """The run's last lines: what it trained, how well, where it saved, how to watch it play, and
-    which flags to try where a policy's score never rose above its first 100 games'."""
+    which flags to try where a policy's score never rose above its first 100 games'. With
+    rivals_learn (other policies act in the same games) a flat or falling training return may be
+    their learning, not a failure: predators' prey learns to flee, so the hint points to eval."""
     lines = []
     for policy_id in range(cfg.num_policies):
         best = result.best_average_returns[policy_id]
@@ -4200,7 +4205,11 @@ def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None
         lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
                      f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
         first = (first_windows or [None] * cfg.num_policies)[policy_id]
-        if did_not_learn(first, result.best_average_returns[policy_id]):
+        if did_not_learn(first, result.best_average_returns[policy_id]) and rivals_learn:
+            lines.append(f"{prefix}the 100-game average never rose above its first ({first[0]:.2f}), but the other "
+                         "policies in its games learned too: compare it against random play, --mode eval "
+                         "--agent_policies with =random (docs/multi_policy.md)")
+        elif did_not_learn(first, result.best_average_returns[policy_id]):
             lines.append(f"{prefix}the 100-game average never rose above its first ({first[0]:.2f}); flags to try: "
                          "a longer --train_for_env_steps, --exploration_loss_coeff 0.01 (sparse rewards), --gamma "
                          "0.999 (long games), --learning_rate 0.0003 (docs/environments.md, \"When a run does not "

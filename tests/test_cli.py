@@ -324,6 +324,21 @@ def test_a_run_whose_score_never_rose_above_its_first_100_games_ends_naming_flag
     assert not appo.did_not_learn(None, 10.0)  # never 100 games at a status line: nothing to say
 
 
+def test_with_learning_rivals_a_flat_return_points_to_eval_not_to_flags(tmp_path):
+    """simple_adversary's good agents end every seed below their first 100 games' average while
+    beating random opponents (learning.md): their rival learned too. There the hint names eval
+    against random play, and not flags that would not help."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--num_policies", "2", "--train_dir", str(tmp_path)])
+    result = appo.TrainResult(0, 60.0, 2000, [1000, 1000], [-20.0, 5.0], [100, 100], [-19.0, 9.0], [None, None])
+    flat_then_rising = [(-19.0, 0.5), (5.0, 0.5)]
+    for rivals_learn in (False, True):
+        lines = appo.end_of_run_lines(cfg, result, flat_then_rising, rivals_learn)
+        hints = [line for line in lines if "never rose above its first" in line]
+        assert len(hints) == 1 and hints[0].startswith("policy 0: ")
+        assert ("--exploration_loss_coeff" in hints[0]) != rivals_learn
+        assert ("=random" in hints[0]) == rivals_learn
+
+
 def test_the_best_100_game_average_counts_the_last_status_line(tmp_path, capsys):
     """A forker's run ended "average return 68.09 ... best 64.59": the runner prints its last status
     line as it stops, after the last report, and that line's average was left out of the best."""
