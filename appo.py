@@ -1951,6 +1951,15 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False, st
 STACK_FILE = None
 
 
+def process_state(pid: int) -> str:
+    """A process's state letter from /proc (R running, S sleeping, T stopped, ...); '' where gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def stack_path(cfg, process_index: int) -> str:
     """Where a learner's or policy worker's Python stacks go when the runner asks (SIGUSR1)."""
     return os.path.join(experiment_dir(cfg), "stacks", f"process_{process_index}.txt")
@@ -3685,6 +3694,10 @@ class Supervisor:
         """A learner's or policy worker's Python stack, every thread (faulthandler on SIGUSR1, see
         child_process_setup), or why there is none."""
         path, pid = stack_path(self.cfg, child.index), child.process.pid
+        if process_state(pid) == "T":
+            # Not signalled: a SIGUSR1 pending at SIGCONT runs faulthandler's all-threads dump while
+            # every thread resumes at once, and that read of other threads' frames crashed (SIGSEGV).
+            return f"none: it is stopped (SIGSTOP or a debugger; py-spy dump --pid {pid} reads its stack where py-spy is installed)"
         written = os.path.getsize(path) if os.path.exists(path) else 0
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
@@ -3696,7 +3709,7 @@ class Supervisor:
                 with open(path) as f:
                     f.seek(written)
                     return f"(also in {path})\n" + f.read().rstrip()
-        return (f"none within {wait_s:g} s (a stopped process, or one stuck outside Python: py-spy dump --pid {pid} "
+        return (f"none within {wait_s:g} s (one stuck outside Python: py-spy dump --pid {pid} "
                 "reads it where py-spy is installed)")
 
     def restart(self, child: Child) -> bool:

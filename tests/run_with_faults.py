@@ -9,8 +9,10 @@ instance the trainer makes to replace it behaves). Kinds:
   crash  the env's VizDoom game process is SIGKILLed, so the next step fails inside VizDoom
   hang   env.step never returns
   nan    every reward from then on is NaN
-and one fault of the learner, diskfull:N: after its Nth checkpoint the learner's process may
-write no file larger than 64 KiB (RLIMIT_FSIZE), as on a full disk, so every later save fails.
+and two faults of the learner: diskfull:N, after its Nth checkpoint the learner's process may
+write no file larger than 64 KiB (RLIMIT_FSIZE), as on a full disk, so every later save fails;
+learnerhang:N, after its Nth checkpoint the learner sleeps forever in Python (`hang_in_a_step`), as a
+forker's loss stuck in a loop.
 `learnersilence:S` is no fault but a shorter allowance: the runner takes a learner silent for S
 seconds as hung (Supervisor.LEARNER_SILENCE_S, 300 s in a run), so that a test can stop one.
 The env is registered and the learner's save patched at import time, so the spawned processes
@@ -35,7 +37,7 @@ def parse_faults(spec: str) -> list[tuple[str, int, int]]:
     """The env faults, kind:env_index:step each."""
     faults = []
     for item in filter(None, spec.split(",")):
-        if not item.startswith(("diskfull:", "learnersilence:")):
+        if not item.startswith(("diskfull:", "learnerhang:", "learnersilence:")):
             kind, env_index, step = item.split(":")
             faults.append((kind, int(env_index), int(step)))
     return faults
@@ -54,6 +56,25 @@ def fill_the_disk_after(saves: int):
         return path
 
     appo.save_checkpoint = save_then_fill
+
+
+def hang_after(saves: int):
+    """The learner's save_checkpoint, never returning from the `saves`th."""
+    save, done = appo.save_checkpoint, [0]
+
+    def save_then_hang(cfg, policy_id, state):
+        path = save(cfg, policy_id, state)
+        done[0] += 1
+        if done[0] == saves:
+            hang_in_a_step()
+        return path
+
+    appo.save_checkpoint = save_then_hang
+
+
+def hang_in_a_step():
+    while True:
+        time.sleep(1.0)
 
 
 def vizdoom_children() -> list[int]:
@@ -124,6 +145,8 @@ envs.register_env("doom_faulty", make_faulty_env)
 for fault in os.environ.get("APPO_FAULTS", "").split(","):
     if fault.startswith("diskfull:"):
         fill_the_disk_after(int(fault.split(":")[1]))
+    elif fault.startswith("learnerhang:"):
+        hang_after(int(fault.split(":")[1]))
     elif fault.startswith("learnersilence:"):
         appo.Supervisor.LEARNER_SILENCE_S = float(fault.split(":")[1])
 
