@@ -862,6 +862,10 @@ def headline_table() -> str:
 # learning.md's order; a folder of runs set aside (superseded_*, replaced) is counted in no table;
 # any other folder is named by its path (its table, if any, is in ablations.md).
 BENCH_DIR = os.path.join(REPO, "docs", "bench")
+# The gym vector defaults' ablation (issue 80; the rules in docs/results/learning.md): its arms in
+# the pre-registered order, each a folder of ABLATION_DIR with one folder per env.
+ABLATION_DIR = os.path.join(BENCH_DIR, "gym_ablation")
+ABLATION_ARMS = ("defaults", "bootstrap", "init", "sgd", "separate", "bundle")
 TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "ablations/sf_doom_batch_512": "the batch-512 table, the README",
                  "ablations/sf_doom_batch_512_area_resize": "the README",
@@ -873,7 +877,8 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "repin_2026-11-28/before_e4fc108": "the re-pin table",
                  "repin_2026-12-05/after_894d4bf": "the re-pin table of 2026-12-05",
                  "repin_2026-12-05/before_a033fe0": "the re-pin table of 2026-12-05",
-                 "repin_2026-12-05/after_e4725c7": "the re-pin table of 2026-12-05"}
+                 "repin_2026-12-05/after_e4725c7": "the re-pin table of 2026-12-05",
+                 **{f"gym_ablation/{arm}": "the gym defaults' ablation table" for arm in ABLATION_ARMS}}
 CONTENTION_HEADER = ["| env | trainer | configuration | seeds | CPU elsewhere | kept in |",
                      "|---|---|---|---|---|---|"]
 
@@ -1025,6 +1030,9 @@ def parse_args(argv=None):
     parser.add_argument("--json", action="store_true", help="print the table's figures as JSON")
     parser.add_argument("--headline", action="store_true",
                         help="run nothing: print the README's table of every env from the saved runs")
+    parser.add_argument("--ablation", action="store_true",
+                        help="run nothing: print docs/results/learning.md's table of the gym defaults' ablation "
+                             "(docs/bench/gym_ablation/)")
     parser.add_argument("--contention", action="store_true",
                         help="run nothing: print docs/results/learning.md's table of every saved run under "
                              "docs/bench/ that shared the machine (over 5%% of the CPU elsewhere)")
@@ -1069,7 +1077,30 @@ def seeds_for(args, trainer: str, env_name: str) -> list[int]:
     return list(range(1, count + 1))
 
 
+ABLATION_HEADER = ["| env | arm | seeds | at 200k steps | at 1M steps | minutes |", "|---|---|---|---|---|---|"]
+
+
+def ablation_table(root: str = ABLATION_DIR) -> str:
+    """learning.md's ablation table: each env and arm's saved runs, median [min, max] of the score at
+    200k and at 1M steps (the bench's score_at), and the median minutes to 1M."""
+    lines = list(ABLATION_HEADER)
+    envs = sorted({os.path.basename(path) for arm in ABLATION_ARMS for path in glob.glob(os.path.join(root, arm, "*"))
+                   if os.path.isdir(path)}, key=lambda name: (list(GYM).index(name) if name in GYM else len(GYM), name))
+    for env_name in envs:
+        for arm in ABLATION_ARMS:
+            runs = saved_runs(os.path.join(root, arm), env_name, "appo")
+            if runs:
+                lines.append(f"| {env_name} | {arm} | {', '.join(str(run['config']['seed']) for run in runs)} | "
+                             f"{spread([score_at(run['curve'], 200_000) for run in runs])} | "
+                             f"{spread([score_at(run['curve'], 1_000_000) for run in runs])} | "
+                             f"{minutes([run['wall_s'] for run in runs])} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
+    if "--ablation" in (sys.argv[1:] if argv is None else argv):
+        print(ablation_table())
+        return
     if "--headline" in (sys.argv[1:] if argv is None else argv):
         print(headline_table())
         return

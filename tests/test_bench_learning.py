@@ -771,3 +771,31 @@ def test_learning_mds_gym_pz_and_repin_tables_are_what_the_saved_runs_say():
             assert (score, minutes) == (score_cell(folder, env_name, "appo", with_n=False),
                                         minutes_cell(folder, env_name, "appo")), (folder, env_name)
     assert {("doom_basic", "e4725c7"), ("gym:Acrobot-v1", "894d4bf")} <= {(row[0], row[2]) for row in rows}
+
+
+def test_learning_mds_ablation_table_is_what_the_saved_runs_say():
+    """The gym defaults' ablation (issue 80): learning.md's table is `bench_learning.py --ablation`,
+    and each cell is recomputed here from the files: every arm folder's finished runs, the score at
+    the last summary at or before 200k and 1M steps, median [min, max], and the median minutes."""
+    table = bench.ablation_table()
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        assert table in f.read(), table
+    header, rows = table_in("The gym vector defaults: an ablation, pre-registered (issue 80)", ("env", "arm", "seeds"))
+    found = {(row[0], row[1]): dict(zip(header, row)) for row in rows}
+    expected_keys = set()
+    for arm in bench.ABLATION_ARMS:
+        for env_dir in glob.glob(os.path.join(BENCH, "gym_ablation", arm, "*")):
+            env_name = os.path.basename(env_dir)
+            runs = sorted(runs_in(os.path.join("gym_ablation", arm), env_name, "appo"),
+                          key=lambda run: run["config"]["seed"])
+            if not os.path.isdir(env_dir) or not runs:
+                continue
+            expected_keys.add((env_name, arm))
+            cells = found[(env_name, arm)]
+            assert cells["seeds"] == ", ".join(str(run["config"]["seed"]) for run in runs)
+            for column, steps in (("at 200k steps", 200_000), ("at 1M steps", 1_000_000)):
+                scores = [score_at_budget(run["curve"], steps) for run in runs]
+                assert cells[column] == (f"{scores[0]:.2f}" if len(scores) == 1 else
+                                         f"{np.median(scores):.2f} [{min(scores):.2f}, {max(scores):.2f}]")
+            assert cells["minutes"] == f"{np.median([run['wall_s'] for run in runs]) / 60:.1f}"
+    assert set(found) == expected_keys and len(expected_keys) >= 12
