@@ -1077,6 +1077,9 @@ def seeds_for(args, trainer: str, env_name: str) -> list[int]:
     return list(range(1, count + 1))
 
 
+ABLATION_CHANGES = {"init": 1, "sgd": 1, "separate": 1, "bundle": 3}  # hypotheses an arm changes (R1's tie rule)
+STAGE_1 = ("gym:HalfCheetah-v5", "gym:Walker2d-v5")
+STAGE_2 = ("gym:Hopper-v5", "gym:LunarLander-v3")
 ABLATION_HEADER = ["| env | arm | seeds | at 200k steps | at 1M steps | minutes |", "|---|---|---|---|---|---|"]
 
 
@@ -1097,9 +1100,76 @@ def ablation_table(root: str = ABLATION_DIR) -> str:
     return "\n".join(lines)
 
 
+def ablation_scores(root: str, arm: str, env_name: str, steps: int = 1_000_000) -> list[float]:
+    return [score_at(run["curve"], steps) for run in saved_runs(os.path.join(root, arm), env_name, "appo")]
+
+
+def all_below(ours: list, theirs: list) -> bool:
+    """Every one of ours ends below every one of theirs (3 against 3: the p = 0.05 pattern)."""
+    return max(ours) < min(theirs)
+
+
+def ablation_verdicts(root: str = ABLATION_DIR, seeds: int = 3) -> list[str]:
+    """The pre-registered rules (learning.md) read from the files, each once its runs are all saved:
+    R0 for the gym: family, the stop rule, Stage 2's arms, and R1's choice."""
+    scores = {(arm, env_name): ablation_scores(root, arm, env_name) for arm in ABLATION_ARMS
+              for env_name in STAGE_1 + STAGE_2}
+    complete = lambda arm, env_name: len(scores[arm, env_name]) >= seeds  # noqa: E731
+    median = lambda arm, env_name: statistics.median(scores[arm, env_name])  # noqa: E731
+    lines = []
+    r0_envs = [env_name for env_name in STAGE_1 + STAGE_2 if complete("defaults", env_name)
+               and complete("bootstrap", env_name)]
+    r0_fails = [env_name for env_name in r0_envs if all_below(scores["bootstrap", env_name], scores["defaults", env_name])
+                or median("bootstrap", env_name) < median("defaults", env_name) - (max(scores["defaults", env_name])
+                                                                                  - min(scores["defaults", env_name]))]
+    waiting = [env_name for env_name in STAGE_1 + STAGE_2 if env_name not in r0_envs]
+    lines.append(f"R0 (gym:): fails on {', '.join(r0_fails)}" if r0_fails else
+                 f"R0 (gym:): holds on {', '.join(r0_envs) or 'no env yet'}"
+                 + (f"; waits for {', '.join(waiting)}" if waiting else ": --value_bootstrap becomes the default"))
+    if r0_fails:  # the rule: init to bundle again without --value_bootstrap, against defaults
+        return lines + ["R1: waits for init to bundle run again without --value_bootstrap, judged against defaults"]
+    baseline = "bootstrap"
+    if not all(complete(arm, env_name) for arm in ABLATION_ARMS for env_name in STAGE_1):
+        return lines + ["stop rule: waits for Stage 1's runs (every arm, 3 seeds, on both envs)"]
+    lifting = [arm for arm in ABLATION_CHANGES
+               if statistics.median(ablation_scores(root, arm, STAGE_1[0], 200_000)) > 1000
+               and median(arm, STAGE_1[0]) > median("bootstrap", STAGE_1[0])]
+    if not lifting:
+        return lines + ["stop rule: no arm lifts HalfCheetah above 1,000 at 200k and above bootstrap at 1M: "
+                        "H1-H3 refuted; no gym default changes but by R0"]
+    lines.append(f"stop rule: not met ({', '.join(lifting)} lift HalfCheetah at 200k and 1M)")
+    singles = [arm for arm in ABLATION_CHANGES if arm != "bundle"
+               and all(median(arm, env_name) > median("bootstrap", env_name) for env_name in STAGE_1)]
+    stage_2 = ["defaults", "bootstrap", "bundle", *singles]  # defaults: R0 is judged on Stage 2's envs too
+    lines.append(f"Stage 2 arms: {', '.join(stage_2)}")
+    if not all(complete(arm, env_name) for arm in stage_2 for env_name in STAGE_2):
+        return lines + ["R1: waits for Stage 2's runs"]
+    sb3 = {env_name: statistics.median(score_at(run["curve"], 1_000_000)
+                                       for run in saved_runs(os.path.join(BENCH_DIR, "gym_sb3"), env_name, "sb3"))
+           for env_name in STAGE_1 + STAGE_2}
+    random_play = {env_name: load_result(os.path.join(BENCH_DIR, "gym", "random", f"{env_name}.json"))["mean_return"]
+                   for env_name in STAGE_1 + STAGE_2}
+    qualifying = {}
+    for arm in [arm for arm in stage_2 if arm in ABLATION_CHANGES]:
+        if (all(median(arm, env_name) > median(baseline, env_name) for env_name in STAGE_1)
+                and not any(all_below(scores[arm, env_name], scores[baseline, env_name]) for env_name in STAGE_2)
+                and all(median(arm, env_name) >= sb3[env_name] for env_name in STAGE_2)):
+            qualifying[arm] = statistics.mean((median(arm, env_name) - random_play[env_name])
+                                              / (sb3[env_name] - random_play[env_name]) for env_name in STAGE_1 + STAGE_2)
+    if not qualifying:
+        return lines + [f"R1: no arm qualifies against {baseline}: no gym default changes but by R0"]
+    best = max(qualifying.values())
+    near = [arm for arm, score in qualifying.items() if score >= best - 0.05 * abs(best)]
+    chosen = max(near, key=lambda arm: (-ABLATION_CHANGES[arm], qualifying[arm]))
+    scored = ", ".join(f"{arm} {score:.3f}" for arm, score in qualifying.items())
+    return lines + [f"R1: qualifying against {baseline} (mean normalised score): {scored}; chosen: {chosen}"]
+
+
 def main(argv=None):
     if "--ablation" in (sys.argv[1:] if argv is None else argv):
         print(ablation_table())
+        print()
+        print("\n".join(f"- {line}" for line in ablation_verdicts()))
         return
     if "--headline" in (sys.argv[1:] if argv is None else argv):
         print(headline_table())

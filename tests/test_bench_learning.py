@@ -1,6 +1,7 @@
 """scripts/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
 table's figures from hand-made runs, the task probe on real VizDoom, and a real run's clean-up."""
 import argparse
+import functools
 import glob
 import itertools
 import json
@@ -778,8 +779,9 @@ def test_learning_mds_ablation_table_is_what_the_saved_runs_say():
     and each cell is recomputed here from the files: every arm folder's finished runs, the score at
     the last summary at or before 200k and 1M steps, median [min, max], and the median minutes."""
     table = bench.ablation_table()
+    verdicts = "\n".join(f"- {line}" for line in bench.ablation_verdicts())
     with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
-        assert table in f.read(), table
+        assert f"{table}\n\nThe rules read from these files (`--ablation` prints them too):\n\n{verdicts}\n" in f.read()
     header, rows = table_in("The gym vector defaults: an ablation, pre-registered (issue 80)", ("env", "arm", "seeds"))
     found = {(row[0], row[1]): dict(zip(header, row)) for row in rows}
     expected_keys = set()
@@ -799,3 +801,67 @@ def test_learning_mds_ablation_table_is_what_the_saved_runs_say():
                                          f"{np.median(scores):.2f} [{min(scores):.2f}, {max(scores):.2f}]")
             assert cells["minutes"] == f"{np.median([run['wall_s'] for run in runs]) / 60:.1f}"
     assert set(found) == expected_keys and len(expected_keys) >= 12
+
+
+def save_ablation_run(root, arm, env_name, seed, at_200k, at_1m):
+    folder = root / arm / env_name
+    folder.mkdir(parents=True, exist_ok=True)
+    run = {"status": "ok", "config": {"seed": seed, "env": env_name, "trainer": "appo"}, "wall_s": 60.0,
+           "curve": [[1.0, 200_000, at_200k], [2.0, 1_000_000, at_1m]]}
+    (folder / f"appo_seed{seed}.json").write_text(json.dumps(run))
+
+
+def test_the_ablation_stops_after_stage_1_where_no_arm_lifts_halfcheetahs_start_and_end(tmp_path):
+    """The stop rule: bundle ends HalfCheetah far above bootstrap but its 200k median is not above
+    1,000; init starts above 1,000 but ends below bootstrap."""
+    for seed in (1, 2, 3):
+        for env_name in ("gym:HalfCheetah-v5", "gym:Walker2d-v5"):
+            for arm in bench.ABLATION_ARMS:
+                save_ablation_run(tmp_path, arm, env_name, seed, 1500 if arm == "init" else 900,
+                                  {"bundle": 5000, "init": 1000}.get(arm, 2000) + seed)
+    assert bench.ablation_verdicts(str(tmp_path))[-1] == (
+        "stop rule: no arm lifts HalfCheetah above 1,000 at 200k and above bootstrap at 1M: H1-H3 refuted; "
+        "no gym default changes but by R0")
+
+
+def test_the_ablations_rules_are_read_from_the_files_as_learning_md_writes_them(tmp_path):
+    """R0, the stop rule, Stage 2's arms and R1 (learning.md's pre-registered section), on made-up
+    runs: each verdict waits until its runs are saved, then says what the rule says."""
+    save = functools.partial(save_ablation_run, tmp_path)
+    stage_1 = {"gym:HalfCheetah-v5": {"defaults": 2000, "bootstrap": 2100, "init": 3000, "sgd": 2000,
+                                      "separate": 2500, "bundle": 3500},
+               "gym:Walker2d-v5": {"defaults": 2500, "bootstrap": 2600, "init": 3000, "sgd": 2000,
+                                   "separate": 2700, "bundle": 3100}}
+    for seed in (1, 2):
+        for env_name, arms in stage_1.items():
+            for arm, score in arms.items():
+                save(arm, env_name, seed, 1200 if arm in ("init", "bundle") else 800, score + seed)
+    assert bench.ablation_verdicts(str(tmp_path))[-1].startswith("stop rule: waits for Stage 1")
+    for env_name, arms in stage_1.items():
+        for arm, score in arms.items():
+            save(arm, env_name, 3, 1200 if arm in ("init", "bundle") else 800, score + 3)
+    verdicts = bench.ablation_verdicts(str(tmp_path))
+    assert verdicts[0].startswith("R0 (gym:): holds on gym:HalfCheetah-v5, gym:Walker2d-v5; waits for gym:Hopper")
+    # separate's 200k median (800) is not above 1,000: it does not lift; sgd is below bootstrap on both envs
+    assert verdicts[1] == "stop rule: not met (init, bundle lift HalfCheetah at 200k and 1M)"
+    assert verdicts[2] == "Stage 2 arms: defaults, bootstrap, bundle, init, separate"
+    assert verdicts[3] == "R1: waits for Stage 2's runs"
+    # Stage 2: Hopper and LunarLander. bundle reaches SB3's medians (1,001.20 and 263.57), init misses
+    # LunarLander's, separate ends every seed below bootstrap on Hopper
+    stage_2 = {"gym:Hopper-v5": {"defaults": 1500, "bootstrap": 1600, "bundle": 1700, "init": 2000, "separate": 1000},
+               "gym:LunarLander-v3": {"defaults": 260, "bootstrap": 265, "bundle": 270, "init": 250, "separate": 280}}
+    for seed in (1, 2, 3):
+        for env_name, arms in stage_2.items():
+            for arm, score in arms.items():
+                save(arm, env_name, seed, 0, score + seed)
+    verdicts = bench.ablation_verdicts(str(tmp_path))
+    assert verdicts[0] == ("R0 (gym:): holds on gym:HalfCheetah-v5, gym:Walker2d-v5, gym:Hopper-v5, "
+                           "gym:LunarLander-v3: --value_bootstrap becomes the default")
+    assert verdicts[-1].startswith("R1: qualifying against bootstrap (mean normalised score): bundle ")
+    assert verdicts[-1].endswith("; chosen: bundle") and "init" not in verdicts[-1] and "separate" not in verdicts[-1]
+    # R0 fails where every seed with the bootstrap ends below every seed without it
+    for seed in (1, 2, 3):
+        save("bootstrap", "gym:Hopper-v5", seed, 0, 1400 + seed)
+    verdicts = bench.ablation_verdicts(str(tmp_path))
+    assert verdicts[0] == "R0 (gym:): fails on gym:Hopper-v5"
+    assert verdicts[-1] == "R1: waits for init to bundle run again without --value_bootstrap, judged against defaults"
