@@ -4171,8 +4171,7 @@ class Reporting(Extra):
         if cfg.rank == 0:
             self.summaries.write(run)
             if run.exit_code == 0:
-                groups = run.shared.groups
-                rivals_learn = cfg.num_policies > 1 and groups is not None and len(groups.of_agent) > 1
+                rivals_learn = cfg.num_policies > 1 and len(run.shared.groups.of_agent) > 1  # other policies in its games
                 print("\n".join(end_of_run_lines(cfg, run.result, self.first_windows, rivals_learn)), flush=True)
         self.summaries.close()
 
