@@ -2086,8 +2086,11 @@ def gym_flag_errors(cfg) -> list[str]:
 
 
 # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for gym:
-# envs that observe vectors (its policy is a Gaussian on a Box, categoricals otherwise). Not taken:
-# its KL penalty (kl_loss_coeff 0.1); appo.py has none.
+# envs that observe vectors (its policy is a Gaussian on a Box, categoricals otherwise). Not as there:
+# its KL penalty (kl_loss_coeff 0.1; appo.py has none); its value_bootstrap and torch's default
+# initialization; its iteration, 4,096 samples in minibatches of 1,024 under Sample Factory 2.x's
+# meaning of batch_size, where ours is 1,024 in minibatches of 256 (its numbers read under appo.py's
+# meaning before 743911e), 4x the SGD steps a sample. The ablation behind issue 80 measures these.
 GYM_VECTOR_DEFAULTS = {
     "env_frameskip": 1, "gamma": DEFAULT_GAMMA, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh",
     "hidden_size": 64, "rnn_type": "none", "rollout": 64, "batch_size": 256, "num_epochs": 2,
