@@ -1162,7 +1162,8 @@ def ablation_verdicts(root: str = ABLATION_DIR, seeds: int = 3) -> list[str]:
     near = [arm for arm, score in qualifying.items() if score >= best - 0.05 * abs(best)]
     chosen = max(near, key=lambda arm: (-ABLATION_CHANGES[arm], qualifying[arm]))
     scored = ", ".join(f"{arm} {score:.3f}" for arm, score in qualifying.items())
-    return lines + [f"R1: qualifying against {baseline} (mean normalised score): {scored}; chosen: {chosen}"]
+    return lines + [f"R1: qualifying against {baseline} (mean normalised score): {scored}; chosen: {chosen}",
+                    f"next: seeds 4 and 5 of {chosen} and {baseline} on HalfCheetah and Walker2d, then R2 (held out)"]
 
 
 def main(argv=None):

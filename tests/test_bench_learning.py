@@ -857,8 +857,9 @@ def test_the_ablations_rules_are_read_from_the_files_as_learning_md_writes_them(
     verdicts = bench.ablation_verdicts(str(tmp_path))
     assert verdicts[0] == ("R0 (gym:): holds on gym:HalfCheetah-v5, gym:Walker2d-v5, gym:Hopper-v5, "
                            "gym:LunarLander-v3: --value_bootstrap becomes the default")
-    assert verdicts[-1].startswith("R1: qualifying against bootstrap (mean normalised score): bundle ")
-    assert verdicts[-1].endswith("; chosen: bundle") and "init" not in verdicts[-1] and "separate" not in verdicts[-1]
+    assert verdicts[-2].startswith("R1: qualifying against bootstrap (mean normalised score): bundle ")
+    assert verdicts[-2].endswith("; chosen: bundle") and "init" not in verdicts[-2] and "separate" not in verdicts[-2]
+    assert verdicts[-1].startswith("next: seeds 4 and 5 of bundle and bootstrap")
     # R0 fails where every seed with the bootstrap ends below every seed without it
     for seed in (1, 2, 3):
         save("bootstrap", "gym:Hopper-v5", seed, 0, 1400 + seed)
