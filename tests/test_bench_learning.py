@@ -860,6 +860,15 @@ def test_the_ablations_rules_are_read_from_the_files_as_learning_md_writes_them(
     assert verdicts[-2].startswith("R1: qualifying against bootstrap (mean normalised score): bundle ")
     assert verdicts[-2].endswith("; chosen: bundle") and "init" not in verdicts[-2] and "separate" not in verdicts[-2]
     assert verdicts[-1].startswith("next: seeds 4 and 5 of bundle and bootstrap")
+    # init qualifies too (LunarLander at SB3's, Hopper not every seed below bootstrap's), its score
+    # within 5% of bundle's: the arm of fewer changes is chosen
+    for seed in (1, 2, 3):
+        save("init", "gym:LunarLander-v3", seed, 0, 270 + seed)
+        save("init", "gym:Hopper-v5", seed, 0, 1610 + seed)
+    verdicts = bench.ablation_verdicts(str(tmp_path))
+    assert re.search(r"bundle (\d\.\d+), init (\d\.\d+); chosen: init$", verdicts[-2]), verdicts
+    bundle_score, init_score = map(float, re.search(r"bundle (\S+), init (\S+);", verdicts[-2]).groups())
+    assert 0.95 * bundle_score <= init_score < bundle_score
     # R0 fails where every seed with the bootstrap ends below every seed without it
     for seed in (1, 2, 3):
         save("bootstrap", "gym:Hopper-v5", seed, 0, 1400 + seed)
