@@ -1140,7 +1140,8 @@ def ablation_verdicts(root: str = ABLATION_DIR, seeds: int = 3) -> list[str]:
     lines.append(f"stop rule: not met ({', '.join(lifting)} lift HalfCheetah at 200k and 1M)")
     singles = [arm for arm in ABLATION_CHANGES if arm != "bundle"
                and all(median(arm, env_name) > median("bootstrap", env_name) for env_name in STAGE_1)]
-    stage_2 = ["defaults", "bootstrap", "bundle", *singles]  # defaults: R0 is judged on Stage 2's envs too
+    # defaults too: R0 is judged on Stage 2's envs as well; in the table's order, as they run
+    stage_2 = [arm for arm in ABLATION_ARMS if arm in ("defaults", "bootstrap", "bundle", *singles)]
     lines.append(f"Stage 2 arms: {', '.join(stage_2)}")
     if not all(complete(arm, env_name) for arm in stage_2 for env_name in STAGE_2):
         return lines + ["R1: waits for Stage 2's runs"]

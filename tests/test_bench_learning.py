@@ -844,7 +844,7 @@ def test_the_ablations_rules_are_read_from_the_files_as_learning_md_writes_them(
     assert verdicts[0].startswith("R0 (gym:): holds on gym:HalfCheetah-v5, gym:Walker2d-v5; waits for gym:Hopper")
     # separate's 200k median (800) is not above 1,000: it does not lift; sgd is below bootstrap on both envs
     assert verdicts[1] == "stop rule: not met (init, bundle lift HalfCheetah at 200k and 1M)"
-    assert verdicts[2] == "Stage 2 arms: defaults, bootstrap, bundle, init, separate"
+    assert verdicts[2] == "Stage 2 arms: defaults, bootstrap, init, separate, bundle"
     assert verdicts[3] == "R1: waits for Stage 2's runs"
     # Stage 2: Hopper and LunarLander. bundle reaches SB3's medians (1,001.20 and 263.57), init misses
     # LunarLander's, separate ends every seed below bootstrap on Hopper
@@ -866,8 +866,8 @@ def test_the_ablations_rules_are_read_from_the_files_as_learning_md_writes_them(
         save("init", "gym:LunarLander-v3", seed, 0, 270 + seed)
         save("init", "gym:Hopper-v5", seed, 0, 1610 + seed)
     verdicts = bench.ablation_verdicts(str(tmp_path))
-    assert re.search(r"bundle (\d\.\d+), init (\d\.\d+); chosen: init$", verdicts[-2]), verdicts
-    bundle_score, init_score = map(float, re.search(r"bundle (\S+), init (\S+);", verdicts[-2]).groups())
+    assert re.search(r"init (\d\.\d+), bundle (\d\.\d+); chosen: init$", verdicts[-2]), verdicts
+    init_score, bundle_score = map(float, re.search(r"init (\S+), bundle (\S+);", verdicts[-2]).groups())
     assert 0.95 * bundle_score <= init_score < bundle_score
     # R0 fails where every seed with the bootstrap ends below every seed without it
     for seed in (1, 2, 3):
