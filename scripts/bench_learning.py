@@ -1088,7 +1088,7 @@ def ablation_table(root: str = ABLATION_DIR) -> str:
     200k and at 1M steps (the bench's score_at), and the median minutes to 1M."""
     lines = list(ABLATION_HEADER)
     envs = sorted({os.path.basename(path) for arm in ABLATION_ARMS for path in glob.glob(os.path.join(root, arm, "*"))
-                   if os.path.isdir(path)}, key=lambda name: (list(GYM).index(name) if name in GYM else len(GYM), name))
+                   if os.path.isdir(path)}, key=lambda name: ((STAGE_1 + STAGE_2).index(name) if name in STAGE_1 + STAGE_2 else 9, name))
     for env_name in envs:
         for arm in ABLATION_ARMS:
             runs = saved_runs(os.path.join(root, arm), env_name, "appo")
