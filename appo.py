@@ -3697,7 +3697,8 @@ class Supervisor:
         if process_state(pid) == "T":
             # Not signalled: a SIGUSR1 pending at SIGCONT runs faulthandler's all-threads dump while
             # every thread resumes at once, and that read of other threads' frames crashed (SIGSEGV).
-            return f"none: it is stopped (SIGSTOP or a debugger; py-spy dump --pid {pid} reads its stack where py-spy is installed)"
+            return (f"none: it is stopped (SIGSTOP or a debugger; py-spy dump --pid {pid} reads its stack where "
+                    "py-spy is installed)")
         written = os.path.getsize(path) if os.path.exists(path) else 0
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGUSR1)
@@ -4217,15 +4218,13 @@ def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None
         lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
                      f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
         first = (first_windows or [None] * cfg.num_policies)[policy_id]
-        if did_not_learn(first, result.best_average_returns[policy_id]) and rivals_learn:
-            lines.append(f"{prefix}the 100-game average never rose above its first ({first[0]:.2f}), but the other "
-                         "policies in its games learned too: compare it against random play, --mode eval "
-                         "--agent_policies with =random (docs/multi_policy.md)")
-        elif did_not_learn(first, result.best_average_returns[policy_id]):
-            lines.append(f"{prefix}the 100-game average never rose above its first ({first[0]:.2f}); flags to try: "
-                         "a longer --train_for_env_steps, --exploration_loss_coeff 0.01 (sparse rewards), --gamma "
-                         "0.999 (long games), --learning_rate 0.0003 (docs/environments.md, \"When a run does not "
-                         "learn\")")
+        if did_not_learn(first, result.best_average_returns[policy_id]):
+            flat = f"{prefix}the 100-game average never rose above its first ({first[0]:.2f})"
+            lines.append(f"{flat}, but the other policies in its games learned too: compare it against random "
+                         "play, --mode eval --agent_policies with =random (docs/multi_policy.md)" if rivals_learn else
+                         f"{flat}; flags to try: a longer --train_for_env_steps, --exploration_loss_coeff 0.01 "
+                         "(sparse rewards), --gamma 0.999 (long games), --learning_rate 0.0003 "
+                         "(docs/environments.md, \"When a run does not learn\")")
     lines.append(f"watch it play: python {LAUNCHER} --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
                  f"--experiment {cfg.experiment} --save_video")
     return lines
