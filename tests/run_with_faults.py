@@ -43,33 +43,23 @@ def parse_faults(spec: str) -> list[tuple[str, int, int]]:
     return faults
 
 
-def fill_the_disk_after(saves: int):
-    """The learner's save_checkpoint, with the disk full after `saves` of them."""
+def after_saves(saves: int, fault):
+    """The learner's save_checkpoint, calling `fault` right after the `saves`th save."""
     save, done = appo.save_checkpoint, [0]
 
-    def save_then_fill(cfg, policy_id, state):
+    def save_then_fault(cfg, policy_id, state):
         path = save(cfg, policy_id, state)
         done[0] += 1
         if done[0] == saves:
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
-            resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+            fault()
         return path
 
-    appo.save_checkpoint = save_then_fill
+    appo.save_checkpoint = save_then_fault
 
 
-def hang_after(saves: int):
-    """The learner's save_checkpoint, never returning from the `saves`th."""
-    save, done = appo.save_checkpoint, [0]
-
-    def save_then_hang(cfg, policy_id, state):
-        path = save(cfg, policy_id, state)
-        done[0] += 1
-        if done[0] == saves:
-            hang_in_a_step()
-        return path
-
-    appo.save_checkpoint = save_then_hang
+def fill_the_disk():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
 
 
 def hang_in_a_step():
@@ -144,9 +134,9 @@ def make_faulty_env(cfg, env_index, render_mode):
 envs.register_env("doom_faulty", make_faulty_env)
 for fault in os.environ.get("APPO_FAULTS", "").split(","):
     if fault.startswith("diskfull:"):
-        fill_the_disk_after(int(fault.split(":")[1]))
+        after_saves(int(fault.split(":")[1]), fill_the_disk)
     elif fault.startswith("learnerhang:"):
-        hang_after(int(fault.split(":")[1]))
+        after_saves(int(fault.split(":")[1]), hang_in_a_step)
     elif fault.startswith("learnersilence:"):
         appo.Supervisor.LEARNER_SILENCE_S = float(fault.split(":")[1])
 
