@@ -875,3 +875,65 @@ def test_the_ablations_rules_are_read_from_the_files_as_learning_md_writes_them(
     verdicts = bench.ablation_verdicts(str(tmp_path))
     assert verdicts[0] == "R0 (gym:): fails on gym:Hopper-v5"
     assert verdicts[-1] == "R1: waits for init to bundle run again without --value_bootstrap, judged against defaults"
+
+
+def test_seeds_4_and_5_are_reported_without_moving_r1_and_r2_judges_the_chosen_arm_on_held_out_envs(tmp_path):
+    """After R1 chooses (on seeds 1 to 3), seeds 4 and 5 on Stage 1's envs are reported against SB3's
+    medians but change no choice; then R2 (learning.md) reads the held-out folder: it waits for every
+    env's 3 seeds a side, holds where no env has every chosen seed below every baseline seed and the mean
+    normalised gain is not negative, asks to narrow the change where one env fails, and fails beyond."""
+    save = functools.partial(save_ablation_run, tmp_path)
+    scores = {"gym:HalfCheetah-v5": {"defaults": 2000, "bootstrap": 2100, "init": 1000, "sgd": 2000,
+                                     "separate": 1000, "bundle": 3500},
+              "gym:Walker2d-v5": {"defaults": 2500, "bootstrap": 2600, "init": 2000, "sgd": 2000,
+                                  "separate": 2000, "bundle": 3100},
+              "gym:Hopper-v5": {"defaults": 1500, "bootstrap": 1600, "bundle": 1700},
+              "gym:LunarLander-v3": {"defaults": 260, "bootstrap": 265, "bundle": 270}}
+    for seed in (1, 2, 3):
+        for env_name, arms in scores.items():
+            for arm, score in arms.items():
+                save(arm, env_name, seed, 1200 if arm == "bundle" else 800, score + seed)
+    verdicts = bench.ablation_verdicts(str(tmp_path))
+    assert verdicts[-2].endswith("; chosen: bundle")
+    assert verdicts[-1] == "next: seeds 4 and 5 of bundle and bootstrap on HalfCheetah and Walker2d, then R2 (held out)"
+    # seeds 4 and 5 where bootstrap would now beat bundle on Walker2d at 5 seeds: R1 still reads seeds 1 to 3
+    for seed in (4, 5):
+        save("bundle", "gym:HalfCheetah-v5", seed, 0, 5000 + seed)
+        save("bootstrap", "gym:HalfCheetah-v5", seed, 0, 2100 + seed)
+        save("bundle", "gym:Walker2d-v5", seed, 0, 1000 + seed)
+        save("bootstrap", "gym:Walker2d-v5", seed, 0, 9000 + seed)
+    verdicts = bench.ablation_verdicts(str(tmp_path))
+    assert verdicts[-3].endswith("; chosen: bundle")
+    assert verdicts[-2] == (
+        "at 5 seeds: gym:HalfCheetah-v5 bundle 3503.00 [3501.00, 5005.00], bootstrap 2103.00 [2101.00, 2105.00], "
+        "SB3's 4715.56 not met; gym:Walker2d-v5 bundle 3101.00 [1004.00, 3103.00], bootstrap 2603.00 [2601.00, 9005.00], "
+        "SB3's 3050.10 met")
+    assert verdicts[-1].startswith("R2: waits for gym:InvertedDoublePendulum-v5, gym:Swimmer-v5")
+    held_out = tmp_path / "held_out"
+    # every held-out env: bundle 10% of (B - random) above bootstrap; random play is read from the repo
+    random_play = {env_name: bench.load_result(os.path.join(BENCH, "gym", "random", f"{env_name}.json"))["mean_return"]
+                   for env_name in bench.HELD_OUT_GYM}
+    for seed in (1, 2, 3):
+        for env_name, budget in bench.HELD_OUT_GYM.items():
+            base = random_play[env_name] + 100
+            for arm, score in (("bootstrap", base), ("bundle", base + 10)):
+                folder = held_out / arm / env_name
+                folder.mkdir(parents=True, exist_ok=True)
+                run = {"status": "ok", "config": {"seed": seed, "env": env_name, "trainer": "appo"}, "wall_s": 60.0,
+                       "curve": [[1.0, budget, score + seed], [2.0, 2 * budget, -1e6]]}  # read at the budget
+                (folder / f"appo_seed{seed}.json").write_text(json.dumps(run))
+    assert bench.ablation_verdicts(str(tmp_path))[-1] == (
+        "R2: holds (mean (arm - B) / |B - random| +0.098; every seed below B's on no env): "
+        "bundle's flags become the gym vector defaults")
+    assert "| gym:CartPole-v1 | 500k |" in bench.held_out_table(str(tmp_path))
+
+    def lower(env_name):
+        for seed in (1, 2, 3):
+            path = held_out / "bundle" / env_name / f"appo_seed{seed}.json"
+            run = json.loads(path.read_text())
+            run["curve"][0][2] = random_play[env_name] + 50 + seed
+            path.write_text(json.dumps(run))
+    lower("gym:Swimmer-v5")
+    assert bench.ablation_verdicts(str(tmp_path))[-1].startswith("R2: fails on gym:Swimmer-v5 alone (")
+    lower("gym:Ant-v5")
+    assert bench.ablation_verdicts(str(tmp_path))[-1].startswith("R2: fails (mean (arm - B) / |B - random| -0.")
