@@ -2085,12 +2085,16 @@ def gym_flag_errors(cfg) -> list[str]:
     return []
 
 
+# The gym: and pz: families' time limits: bootstrapped (mujoco_params.py's value_bootstrap, and our
+# measurement by the rule R0 on HalfCheetah, Walker2d, Hopper and LunarLander: docs/results/learning.md,
+# "Time limits bootstrapped"), for vector and image observations alike.
+GYM_TIME_LIMITS = {"value_bootstrap": True}
 # sf_examples/mujoco/mujoco_params.py, Sample Factory's continuous-control configuration, for gym:
 # envs that observe vectors (its policy is a Gaussian on a Box, categoricals otherwise). Not as there:
-# its KL penalty (kl_loss_coeff 0.1; appo.py has none); its value_bootstrap and torch's default
-# initialization; its iteration, 4,096 samples in minibatches of 1,024 under Sample Factory 2.x's
-# meaning of batch_size, where ours is 1,024 in minibatches of 256 (its numbers read under appo.py's
-# meaning before 743911e), 4x the SGD steps a sample. The ablation behind issue 80 measures these.
+# its KL penalty (kl_loss_coeff 0.1; appo.py has none); torch's default initialization; its
+# iteration, 4,096 samples in minibatches of 1,024 under Sample Factory 2.x's meaning of batch_size,
+# where ours is 1,024 in minibatches of 256 (its numbers read under appo.py's meaning before 743911e),
+# 4x the SGD steps a sample. The ablation behind issue 80 measures these.
 GYM_VECTOR_DEFAULTS = {
     "env_frameskip": 1, "gamma": DEFAULT_GAMMA, "encoder_mlp_layers": [64, 64], "nonlinearity": "tanh",
     "hidden_size": 64, "rnn_type": "none", "rollout": 64, "batch_size": 256, "num_epochs": 2,
@@ -2098,10 +2102,11 @@ GYM_VECTOR_DEFAULTS = {
     "exploration_loss_coeff": 0.0, "learning_rate": 0.00295, "lr_schedule": "linear_decay", "max_grad_norm": 3.5,
     "normalize_input": True, "async_rl": False,
     "train_for_env_steps": 10_000_000,  # mujoco_params.py's budget, and so its schedule's horizon
+    **GYM_TIME_LIMITS,
 }
 # gym: envs that observe images: appo.py's own defaults, Sample Factory's cfg.py configuration for
 # pixels (the conv encoder, a GRU, asynchronous collection), one step per action
-GYM_IMAGE_DEFAULTS = {"env_frameskip": 1, "gamma": DEFAULT_GAMMA}
+GYM_IMAGE_DEFAULTS = {"env_frameskip": 1, "gamma": DEFAULT_GAMMA, **GYM_TIME_LIMITS}
 
 
 @functools.lru_cache(maxsize=None)

@@ -937,3 +937,24 @@ def test_seeds_4_and_5_are_reported_without_moving_r1_and_r2_judges_the_chosen_a
     assert bench.ablation_verdicts(str(tmp_path))[-1].startswith("R2: fails on gym:Swimmer-v5 alone (")
     lower("gym:Ant-v5")
     assert bench.ablation_verdicts(str(tmp_path))[-1].startswith("R2: fails (mean (arm - B) / |B - random| -0.")
+
+
+def test_learning_mds_time_limits_table_is_what_the_saved_runs_say():
+    """R0's table (learning.md, "Time limits bootstrapped"): each measured family's env, without and
+    with --value_bootstrap, recomputed from its two folders: median [min, max] (n) at the budget and
+    the rank-sum p that the runs with it score lower. The gym: rows are the ablation's `defaults`
+    and `bootstrap` arms."""
+    header, rows = table_in("Time limits bootstrapped (`--value_bootstrap`)", ("family (env)", "budget"))
+    found = {row[0]: dict(zip(header, row)) for row in rows}
+    folders = {"Doom scenarios (doom_basic)": ("time_limits/doom_off", "time_limits/doom_on", "doom_basic")}
+    folders.update({f"gym: and pz: ({env_name})": ("gym_ablation/defaults", "gym_ablation/bootstrap", env_name)
+                    for env_name in bench.STAGE_1 + bench.STAGE_2
+                    if f"gym: and pz: ({env_name})" in found})
+    assert len(folders) >= 4
+    for name, (without, with_it, env_name) in folders.items():
+        cells = found[name]
+        assert cells["without (n)"] == score_cell(without, env_name, "appo"), name
+        assert cells["with (n)"] == score_cell(with_it, env_name, "appo"), name
+        scores = [[score_at_budget(run["curve"], run["config"]["frames"]) for run in runs_in(folder, env_name, "appo")]
+                  for folder in (with_it, without)]
+        assert cells["p"] == f"{float(rank_sum_p_lower(*scores)):.2f}", name

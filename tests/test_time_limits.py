@@ -90,7 +90,7 @@ def test_a_cut_episode_leaves_its_final_observation_in_the_slot_and_the_next_sta
 
 
 def test_without_value_bootstrap_a_time_limit_ends_the_episode_as_a_death_does(tmp_path):
-    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Cut-v0")
+    cfg, probe, shared, worker = rollout_worker(tmp_path, "gym:clock_env:Clock/Cut-v0", "--no-value_bootstrap")
     try:
         (first,) = collect(worker, shared, 1)
         arrays = shared.slots.arrays
@@ -105,7 +105,7 @@ def test_without_value_bootstrap_a_time_limit_ends_the_episode_as_a_death_does(t
 def test_the_targets_at_a_time_limit_equal_those_in_the_middle_with_value_bootstrap_and_fall_without(
         tmp_path, with_vtrace):
     for bootstrap in (True, False):
-        flags = ["--value_bootstrap"] if bootstrap else []
+        flags = ["--value_bootstrap" if bootstrap else "--no-value_bootstrap"]
         cfg, probe, shared, worker = rollout_worker(tmp_path / str(bootstrap), "gym:clock_env:Clock/Cut-v0", *flags)
         try:
             batch = gather_slots(shared.slots, collect(worker, shared, 1))
@@ -217,11 +217,15 @@ def test_a_trained_critic_values_the_last_steps_before_a_time_limit_as_the_first
 
 
 def test_value_bootstrap_is_a_default_only_where_it_was_measured():
-    """R0 (docs/results/learning.md): on for the Doom scenarios (doom_basic), off elsewhere until measured."""
-    assert appo.parse_args(["--env", "doom_basic"]).value_bootstrap
-    assert appo.parse_args(["--env", "doom_basic", "--no-value_bootstrap"]).value_bootstrap is False
-    for env in ("doom_duel_bots", "atari_pong", "gym:CartPole-v1"):
-        assert appo.parse_args(["--env", env]).value_bootstrap is False
+    """R0 (docs/results/learning.md): on for the Doom scenarios (doom_basic) and the gym: and pz:
+    families (HalfCheetah, Walker2d, Hopper, LunarLander), vectors and images alike; off elsewhere
+    until measured."""
+    for env in ("doom_basic", "gym:CartPole-v1", "gym:clock_env:Clock/Cut-v0", "pz:pz_envs:time_limited",
+                "gym:ale_py:ALE/Pong-v5"):  # images: the gym: family too (ale_py registers its ids when imported)
+        assert appo.parse_args(["--env", env]).value_bootstrap, env
+        assert appo.parse_args(["--env", env, "--no-value_bootstrap"]).value_bootstrap is False, env
+    for env in ("doom_duel_bots", "atari_pong"):
+        assert appo.parse_args(["--env", env]).value_bootstrap is False, env
 
 
 def test_doom_basic_reports_its_timeout_as_a_truncation_through_the_trainers_env():
