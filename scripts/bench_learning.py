@@ -1134,7 +1134,8 @@ def all_below(ours: list, theirs: list) -> bool:
 
 def ablation_verdicts(root: str = ABLATION_DIR, seeds: int = 3) -> list[str]:
     """The pre-registered rules (learning.md) read from the files, each once its runs are all saved:
-    R0 for the gym: family, the stop rule, Stage 2's arms, and R1's choice."""
+    R0 for the gym: family, the stop rule, Stage 2's arms, R1's choice, the chosen arm's seeds 4 and 5
+    (reported), and R2's held-out judgement."""
     scores = {(arm, env_name): ablation_scores(root, arm, env_name, seeds=seeds) for arm in ABLATION_ARMS
               for env_name in STAGE_1 + STAGE_2}
     complete = lambda arm, env_name: len(scores[arm, env_name]) >= seeds  # noqa: E731
@@ -1189,7 +1190,7 @@ def ablation_verdicts(root: str = ABLATION_DIR, seeds: int = 3) -> list[str]:
     lines.append(f"R1: qualifying against {baseline} (mean normalised score): {scored}; chosen: {chosen}")
     five = {(arm, env_name): ablation_scores(root, arm, env_name, seeds=5) for arm in (baseline, chosen)
             for env_name in STAGE_1}
-    if not all(len(scores) >= 5 for scores in five.values()):
+    if not all(len(runs) >= 5 for runs in five.values()):
         return lines + [f"next: seeds 4 and 5 of {chosen} and {baseline} on HalfCheetah and Walker2d, then R2 (held out)"]
     # reported as measured, met or not: the choice above stands on seeds 1 to 3
     lines.append("at 5 seeds: " + "; ".join(
@@ -1206,7 +1207,7 @@ def held_out_verdict(root: str, baseline: str, chosen: str, seeds: int = 3) -> s
               for arm in (baseline, chosen) for env_name, budget in HELD_OUT_GYM.items()}
     waiting = [env_name for env_name in HELD_OUT_GYM if any(len(scores[arm, env_name]) < seeds for arm in (baseline, chosen))]
     if waiting:
-        return f"R2: waits for {', '.join(waiting)} ({baseline} and {chosen}, {seeds} seeds each, in {folder})"
+        return f"R2: waits for {', '.join(waiting)} ({baseline} and {chosen}, {seeds} seeds each, in gym_ablation/held_out/)"
     below = [env_name for env_name in HELD_OUT_GYM if all_below(scores[chosen, env_name], scores[baseline, env_name])]
     gains = []
     for env_name in HELD_OUT_GYM:
