@@ -4152,18 +4152,21 @@ class Reporting(Extra):
                 print(line, flush=True)
         self.summaries = Summaries(run.cfg)
         self.best_returns = [float("-inf")] * run.cfg.num_policies  # the best 100-game average at a status line
-        self.first_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies  # see did_not_learn
+        # (mean, standard error) of the first 100 games at a status line, and of the best: see did_not_learn
+        self.first_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies
+        self.best_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies
 
     def report(self, run: Run):
         self.count_toward_best(run)
-        self.first_windows = [first or ((float(np.mean(returns)), float(np.std(returns) / np.sqrt(len(returns))))
-                                        if len(returns) == returns.maxlen else None)
-                              for first, returns in zip(self.first_windows, run.stats.episode_returns)]
+        self.first_windows = [first or best for first, best in zip(self.first_windows, self.best_windows)]
         self.summaries.write(run)
 
     def count_toward_best(self, run: Run):
-        self.best_returns = [max(best, np.mean(returns)) if len(returns) == returns.maxlen else best
-                             for best, returns in zip(self.best_returns, run.stats.episode_returns)]
+        for policy_id, returns in enumerate(run.stats.episode_returns):
+            if len(returns) == returns.maxlen and (self.best_windows[policy_id] is None
+                                                   or np.mean(returns) > self.best_windows[policy_id][0]):
+                self.best_windows[policy_id] = (float(np.mean(returns)), float(np.std(returns) / np.sqrt(len(returns))))
+        self.best_returns = [window[0] if window else float("-inf") for window in self.best_windows]
 
     def stop(self, run: Run):
         cfg = run.cfg
@@ -4173,7 +4176,8 @@ class Reporting(Extra):
             self.summaries.write(run)
             if run.exit_code == 0:
                 rivals_learn = cfg.num_policies > 1 and len(run.shared.groups.of_agent) > 1  # other policies in its games
-                print("\n".join(end_of_run_lines(cfg, run.result, self.first_windows, rivals_learn)), flush=True)
+                print("\n".join(end_of_run_lines(cfg, run.result, self.first_windows, rivals_learn, self.best_windows)),
+                      flush=True)
         self.summaries.close()
 
 
@@ -4191,18 +4195,20 @@ def final_result(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns
         checkpoints=[paths[-1] if paths else None for paths in saved])
 
 
-def did_not_learn(first_window: tuple[float, float] | None, best: float) -> bool:
-    """Did the best 100-game average of a run stay within two standard errors of its first one
-    ((mean, standard error) of the first 100 games at a status line)? Random play's score moves
-    that much between windows, so a run that never did better likely learned nothing."""
-    if first_window is None or not np.isfinite(best):
+def did_not_learn(first_window: tuple[float, float] | None, best_window: tuple[float, float] | None) -> bool:
+    """Did the best 100-game average of a run stay within two standard errors of the difference
+    from its first one ((mean, standard error) of each window of 100 games at a status line)?
+    Random play's score moves that much between windows, so a run that never did better likely
+    learned nothing. Both windows' errors count: where every first game scored the same
+    (MountainCar's -200), one lucky game later is not learning."""
+    if first_window is None or best_window is None:
         return False
-    first_mean, first_standard_error = first_window
-    return best - first_mean <= 2 * first_standard_error
+    (first_mean, first_error), (best_mean, best_error) = first_window, best_window
+    return best_mean - first_mean <= 2 * np.hypot(first_error, best_error)
 
 
 def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None,
-                     rivals_learn: bool = False) -> list[str]:
+                     rivals_learn: bool = False, best_windows: list | None = None) -> list[str]:
     """The run's last lines: what it trained, how well, where it saved, how to watch it play, and
     which flags to try where a policy's score never rose above its first 100 games'. With
     rivals_learn (other policies act in the same games) a flat or falling training return may be
@@ -4218,7 +4224,7 @@ def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None
         lines.append(f"done: {prefix}{result.frames_trained[policy_id]:,} frames trained in "
                      f"{duration(result.seconds)}; {score}; checkpoint {result.checkpoints[policy_id] or 'none'}")
         first = (first_windows or [None] * cfg.num_policies)[policy_id]
-        if did_not_learn(first, result.best_average_returns[policy_id]):
+        if did_not_learn(first, (best_windows or [None] * cfg.num_policies)[policy_id]):
             flat = f"{prefix}the 100-game average never rose above its first ({first[0]:.2f})"
             lines.append(f"{flat}, but the other policies in its games learned too: compare it against random "
                          "play, --mode eval --agent_policies with =random (docs/multi_policy.md)" if rivals_learn else

@@ -320,8 +320,11 @@ def test_a_run_whose_score_never_rose_above_its_first_100_games_ends_naming_flag
     assert bool(hint) != learns, out[-2000:]
     if hint:
         assert "--exploration_loss_coeff" in hint[0] and "When a run does not learn" in hint[0]
-    assert appo.did_not_learn((-200.0, 0.0), -200.0) and not appo.did_not_learn((-200.0, 1.0), -197.0)
-    assert not appo.did_not_learn(None, 10.0)  # never 100 games at a status line: nothing to say
+    assert appo.did_not_learn((-200.0, 0.0), (-200.0, 0.0)) and not appo.did_not_learn((-200.0, 1.0), (-197.0, 1.0))
+    # every first game alike (no error of its own), then one lucky game of 100: the best window's error counts
+    lucky = [-200.0] * 99 + [-158.0]
+    assert appo.did_not_learn((-200.0, 0.0), (np.mean(lucky), np.std(lucky) / 10))
+    assert not appo.did_not_learn(None, (10.0, 1.0))  # never 100 games at a status line: nothing to say
 
 
 def test_with_learning_rivals_a_flat_return_points_to_eval_not_to_flags(tmp_path):
@@ -332,7 +335,7 @@ def test_with_learning_rivals_a_flat_return_points_to_eval_not_to_flags(tmp_path
     result = appo.TrainResult(0, 60.0, 2000, [1000, 1000], [-20.0, 5.0], [100, 100], [-19.0, 9.0], [None, None])
     flat_then_rising = [(-19.0, 0.5), (5.0, 0.5)]
     for rivals_learn in (False, True):
-        lines = appo.end_of_run_lines(cfg, result, flat_then_rising, rivals_learn)
+        lines = appo.end_of_run_lines(cfg, result, flat_then_rising, rivals_learn, [(-19.0, 0.5), (9.0, 0.5)])
         hints = [line for line in lines if "never rose above its first" in line]
         assert len(hints) == 1 and hints[0].startswith("policy 0: ")
         assert ("--exploration_loss_coeff" in hints[0]) != rivals_learn
