@@ -953,8 +953,9 @@ def test_learning_mds_time_limits_table_is_what_the_saved_runs_say():
     assert len(folders) >= 4
     for name, (without, with_it, env_name) in folders.items():
         cells = found[name]
-        assert cells["without (n)"] == score_cell(without, env_name, "appo"), name
-        assert cells["with (n)"] == score_cell(with_it, env_name, "appo"), name
-        scores = [[score_at_budget(run["curve"], run["config"]["frames"]) for run in runs_in(folder, env_name, "appo")]
-                  for folder in (with_it, without)]
+        # R0 reads seeds 1 to 3; the ablation's later seeds 4 and 5 of `bootstrap` are not its
+        scores = [[score_at_budget(run["curve"], run["config"]["frames"]) for run in runs_in(folder, env_name, "appo")
+                   if run["config"]["seed"] <= 3] for folder in (with_it, without)]
+        for column, values in (("with (n)", scores[0]), ("without (n)", scores[1])):
+            assert cells[column] == f"{np.median(values):.2f} [{min(values):.2f}, {max(values):.2f}] (3)", name
         assert cells["p"] == f"{float(rank_sum_p_lower(*scores)):.2f}", name
