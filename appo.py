@@ -4151,7 +4151,6 @@ class Reporting(Extra):
             if line:
                 print(line, flush=True)
         self.summaries = Summaries(run.cfg)
-        self.best_returns = [float("-inf")] * run.cfg.num_policies  # the best 100-game average at a status line
         # (mean, standard error) of the first 100 games at a status line, and of the best: see did_not_learn
         self.first_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies
         self.best_windows: list[tuple[float, float] | None] = [None] * run.cfg.num_policies
@@ -4166,12 +4165,12 @@ class Reporting(Extra):
             if len(returns) == returns.maxlen and (self.best_windows[policy_id] is None
                                                    or np.mean(returns) > self.best_windows[policy_id][0]):
                 self.best_windows[policy_id] = (float(np.mean(returns)), float(np.std(returns) / np.sqrt(len(returns))))
-        self.best_returns = [window[0] if window else float("-inf") for window in self.best_windows]
 
     def stop(self, run: Run):
         cfg = run.cfg
         self.count_toward_best(run)  # the last status line, printed just before, is one too
-        run.result = final_result(cfg, run.stats, run.shared, run.elapsed, self.best_returns, run.exit_code)
+        best_returns = [window[0] if window else float("-inf") for window in self.best_windows]
+        run.result = final_result(cfg, run.stats, run.shared, run.elapsed, best_returns, run.exit_code)
         if cfg.rank == 0:
             self.summaries.write(run)
             if run.exit_code == 0:
