@@ -9,6 +9,7 @@ against Stable-Baselines3's PPO with rl-zoo3's tuned hyperparameters on gym: env
     python scripts/bench_learning.py --report_only          # the table and plots from saved results
     python scripts/bench_learning.py --headline             # the README's table, from four folders of runs
     python scripts/bench_learning.py --contention           # every saved run that shared the machine
+    python scripts/bench_learning.py --equal_seconds        # the SB3 table, each side read at the other's minutes
 
 For every env it trains both trainers, one run at a time, with the same system configuration
 (SYSTEM: workers, envs per worker, splits, rollout; each env's own frameskip) and each trainer
@@ -1120,6 +1121,43 @@ def held_out_table(root: str = ABLATION_DIR) -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def score_at_seconds(curve: list, seconds: float) -> tuple[float, float] | None:
+    """(score, steps) at the last summary at or before `seconds` from launch; a run that ended
+    sooner is read at its last summary."""
+    before = [point for point in curve if point[0] <= seconds]
+    return (before[-1][2], before[-1][1]) if before else None
+
+
+# The SB3 table read at equal seconds: appo.py's runs beyond 1M steps (`--frames 4000000`), the
+# folder the SB3 table's appo.py side is read from when there are none
+SB3_LONG_DIR = os.path.join(BENCH_DIR, "gym_sb3_4m")
+
+
+def equal_seconds_table(sb3_root: str = os.path.join(BENCH_DIR, "gym_sb3"), long_root: str = SB3_LONG_DIR) -> str:
+    """Each side of the SB3 table read at the other's median minutes to its budget: SB3's curves at
+    appo.py's minutes, and appo.py's at SB3's, from its longer runs where saved (a run that ended
+    sooner is read at its end, and the steps column says where each side was read)."""
+    lines = ["| env | SB3 min | SB3 at its budget | appo.py at SB3's min | at steps | appo.py min | "
+             "appo.py at its budget | SB3 at appo.py's min | at steps |", "|---|---|---|---|---|---|---|---|---|"]
+    for env_name in sorted(os.listdir(sb3_root)):
+        sb3, appo = saved_runs(sb3_root, env_name, "sb3"), saved_runs(sb3_root, env_name, "appo")
+        if not sb3 or not appo:
+            continue
+        long = saved_runs(long_root, env_name, "appo") or appo
+        sb3_s, appo_s = (statistics.median(run["wall_s"] for run in runs) for runs in (sb3, appo))
+        appo_then = [score_at_seconds(run["curve"], sb3_s) for run in long]
+        sb3_then = [score_at_seconds(run["curve"], appo_s) for run in sb3]
+
+        def steps(read: list) -> str:
+            return f"{statistics.median(point[1] for point in read) / 1e6:.2f}M"
+
+        lines.append(f"| {env_name} | {sb3_s / 60:.1f} | {spread([score_at(r['curve'], r['config']['frames']) for r in sb3])} | "
+                     f"{spread([point[0] for point in appo_then])} | {steps(appo_then)} | {appo_s / 60:.1f} | "
+                     f"{spread([score_at(r['curve'], r['config']['frames']) for r in appo])} | "
+                     f"{spread([point[0] for point in sb3_then])} | {steps(sb3_then)} |")
+    return "\n".join(lines)
+
+
 def ablation_scores(root: str, arm: str, env_name: str, steps: int = 1_000_000, seeds: int = 3) -> list[float]:
     """The arm's scores at `steps` from its seeds 1 to `seeds`: the rules read the first 3, and seeds 4
     and 5 (run after R1 chooses) are reported, never chosen by."""
@@ -1231,6 +1269,9 @@ def main(argv=None):
         if held_out_table():
             print()
             print(held_out_table())
+        return
+    if "--equal_seconds" in (sys.argv[1:] if argv is None else argv):
+        print(equal_seconds_table())
         return
     if "--headline" in (sys.argv[1:] if argv is None else argv):
         print(headline_table())

@@ -959,3 +959,31 @@ def test_learning_mds_time_limits_table_is_what_the_saved_runs_say():
         for column, values in (("with (n)", scores[0]), ("without (n)", scores[1])):
             assert cells[column] == f"{np.median(values):.2f} [{min(values):.2f}, {max(values):.2f}] (3)", name
         assert cells["p"] == f"{float(rank_sum_p_lower(*scores)):.2f}", name
+
+
+def test_the_sb3_table_read_at_equal_seconds_takes_each_side_at_the_others_minutes(tmp_path):
+    """`--equal_seconds`: SB3's curves are read at appo.py's median minutes to its budget, and appo.py's
+    at SB3's from its longer runs when a folder of them exists (else from the table's own runs, read at
+    their end); the steps where each side was read are printed beside its scores."""
+    def save(root, trainer, seed, wall_s, frames, points):
+        folder = root / "gym:Hopper-v5"
+        folder.mkdir(parents=True, exist_ok=True)
+        run = {"status": "ok", "wall_s": wall_s, "config": {"seed": seed, "frames": frames, "trainer": trainer},
+               "curve": points}
+        (folder / f"{trainer}_seed{seed}.json").write_text(json.dumps(run))
+    table, long_table = tmp_path / "gym_sb3", tmp_path / "gym_sb3_4m"
+    for seed in (1, 2, 3):
+        # SB3: 30 minutes to 1M, 100 + seed at 300 s (appo.py's median), 500 + seed at the budget
+        save(table, "sb3", seed, 1800.0, 1_000_000, [[300.0, 200_000, 100 + seed], [301.0, 210_000, -1],
+                                                     [1800.0, 1_000_000, 500 + seed]])
+        # appo.py: 1M in 300 s (seed 2), 400 + seed there
+        save(table, "appo", seed, 298.0 + seed, 1_000_000, [[100.0, 300_000, 50], [298.0 + seed, 1_000_000, 400 + seed]])
+    cells = bench.equal_seconds_table(str(table), str(long_table)).splitlines()[2].split(" | ")
+    # no longer runs: appo.py read at its end, 1M, before SB3's 30 minutes
+    assert cells[1:] == ["30.0", "502.00 [501.00, 503.00]", "402.00 [401.00, 403.00]", "1.00M", "5.0",
+                         "402.00 [401.00, 403.00]", "102.00 [101.00, 103.00]", "0.20M |"]
+    for seed in (1, 2, 3):
+        save(long_table, "appo", seed, 1200.0 + seed, 4_000_000,
+             [[300.0, 1_000_000, 400], [1799.0, 3_000_000, 700 + seed], [1801.0, 3_010_000, -1]])
+    cells = bench.equal_seconds_table(str(table), str(long_table)).splitlines()[2].split(" | ")
+    assert cells[3:5] == ["702.00 [701.00, 703.00]", "3.00M"]
