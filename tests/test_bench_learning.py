@@ -781,7 +781,10 @@ def test_learning_mds_ablation_table_is_what_the_saved_runs_say():
     table = bench.ablation_table()
     verdicts = "\n".join(f"- {line}" for line in bench.ablation_verdicts())
     with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
-        assert f"{table}\n\nThe rules read from these files (`--ablation` prints them too):\n\n{verdicts}\n" in f.read()
+        text = f.read()
+    assert f"{table}\n\nThe rules read from these files (`--ablation` prints them too):\n\n{verdicts}\n" in text
+    held_out = bench.held_out_table() or "No held-out run is saved yet."  # R2's table, once a run is saved
+    assert f"prints it after the verdicts, grows run by run; R2's verdict is the last line of the list above:\n\n{held_out}\n\n" in text
     header, rows = table_in("The gym vector defaults: an ablation, pre-registered (issue 80)", ("env", "arm", "seeds"))
     found = {(row[0], row[1]): dict(zip(header, row)) for row in rows}
     expected_keys = set()
