@@ -615,6 +615,8 @@ class ActorCritic(nn.Module):
         cells the learner runs the same numbers in one nn.GRU/nn.LSTM call: SegmentRNN.)"""
         steps, batch = dones.shape
         features = features.view(batch, steps, -1).transpose(0, 1)
+        if self.rnn_type == "none":  # no state to carry: core_step's outputs are its inputs
+            return features.contiguous()
         rnn_state, core_outs = first_rnn_state, []
         for t in range(steps):
             if t > 0:

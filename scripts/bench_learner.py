@@ -85,7 +85,7 @@ def make_learner(cfg, spaces_pair, reward_shaping):
 
 
 def fill_randomly(slots, model, seed: int = 0, episode_steps: int = EPISODE_STEPS):
-    """Random observations and actions the action heads can take; every step valid, an episode end
+    """Random observations and actions the action space allows; every step valid, an episode end
     every `episode_steps` steps of each trajectory, at a random phase."""
     generator = torch.Generator().manual_seed(seed)
     tensors = slots.tensors
@@ -94,8 +94,9 @@ def fill_randomly(slots, model, seed: int = 0, episode_steps: int = EPISODE_STEP
             tensors[key].copy_(torch.randint(0, 256, tensors[key].shape, dtype=torch.uint8, generator=generator))
         else:
             tensors[key].copy_(torch.randn(tensors[key].shape, generator=generator))
-    for head, size in enumerate(model.action_dist.head_sizes):
-        tensors["actions"][..., head].copy_(torch.randint(0, size, tensors["actions"].shape[:2], generator=generator))
+    # actions of any space, drawn from the model's own distribution at random logits
+    logits = torch.randn(*tensors["actions"].shape[:2], model.action_dist.num_params, generator=generator)
+    tensors["actions"].copy_(model.action_dist.sample(logits).to(tensors["actions"].dtype))
     tensors["log_prob"].fill_(-1.0)
     tensors["reward"].copy_(torch.randn(tensors["reward"].shape, generator=generator))
     num_slots, steps = tensors["done"].shape
