@@ -130,3 +130,25 @@ def test_every_saved_run_of_the_suite_is_in_testing_mds_table_as_its_log_says():
     assert sorted(table) == logs
     for name in logs:
         assert table[name] == suite_log_says(os.path.join(REPO, "docs", "bench", "suite", name)), name
+
+
+def test_throughput_mds_feed_forward_learner_table_is_what_its_result_file_says():
+    """docs/results/throughput.md's learner steps before and after a12023f: each cell the median of
+    the three alternating rounds its result file records, and the ratio of the two."""
+    with open(os.path.join(REPO, "docs", "results", "throughput.md")) as f:
+        page = f.read()
+    section = page[page.index("## A feed-forward policy's learner step"):page.index("## The IPC queue")]
+    with open(os.path.join(REPO, "docs", "bench", "throughput", "feedforward_core_2026-12-05.txt")) as f:
+        blocks = f.read().split("\n\n")
+    rows = [line for line in section.splitlines() if line.startswith("| ") and " ms |" in line]
+    # the file's blocks in its order: 10 epochs, the family's 2 epochs, atari_pong; the table's rows:
+    # 2 epochs, 10 epochs, atari_pong
+    assert len(blocks) == len(rows) == 3
+    for block, row in zip((blocks[1], blocks[0], blocks[2]), rows):
+        medians = []
+        for side in ("before", "after"):
+            runs = [float(ms) for ms in re.findall(rf"^{side}: .*wall_ms_per_step: ([0-9.]+)", block, re.M)]
+            assert len(runs) == 3, block
+            medians.append(sorted(runs)[1])
+        cells = row.strip("| ").split(" | ")
+        assert cells[1:] == [f"{medians[0]:,.1f} ms", f"{medians[1]:,.1f} ms", f"{medians[1] / medians[0]:.2f}"], row
