@@ -144,14 +144,10 @@ def add_research_flags(parser: argparse.ArgumentParser):
     positive(algo.add_argument("--max_policy_lag", type=int, default=100,
                                help="drop transitions made by a policy more than this many versions (batches) old"))
     algo.add_argument("--async_rl", action="switch", default=True,
-                      help="rollout workers collect the next batch while the learner trains on this one, so "
-                           "it is acted by weights a version or two old; --no-async_rl takes turns (Sample "
-                           "Factory's synchronous mode, the Atari and gym: families' default): each env collects "
-                           "its share of a batch, then waits for the weights trained on it, and every batch is "
-                           "acted by the latest weights. Needs an iteration (batch_size x num_batches_per_epoch) "
-                           "to be whole rollouts of every env (num_workers x num_envs_per_worker x agents x "
-                           "rollout); where the sizes are the family's, --num_batches_per_epoch grows to the "
-                           "fewest that hold its iteration (the run's second line shows it)")
+                      help="rollout workers collect the next batch while the learner trains on this one, acting "
+                           "with weights a version or two old; --no-async_rl takes turns, every batch acted by the "
+                           "latest weights (Sample Factory's synchronous mode, the Atari and gym: families' default; "
+                           "an iteration is then whole rollouts of every env: docs/architecture.md)")
 
     optim = parser.add_argument_group("optimizer")
     optim.add_argument("--optimizer", choices=["adam", "sgd", "rmsprop"], default="adam",
@@ -161,11 +157,9 @@ def add_research_flags(parser: argparse.ArgumentParser):
     optim.add_argument("--lr_schedule", choices=["constant", "linear_decay"], default="constant",
                        help="linear_decay: the learning rate falls linearly to 0 at --lr_decay_frames")
     positive(optim.add_argument("--lr_decay_frames", type=integer, default=None,
-                                help="env frames at which linear_decay reaches 0 (default: --train_for_env_steps). Sample "
-                                     "Factory's reaches 0 at --env_frameskip x --train_for_env_steps (its schedule spans "
-                                     "--train_for_env_steps samples), so its runs end at 1 - 1/frameskip of the rate; on "
-                                     "Atari the two horizons differed by less than the seeds' spread "
-                                     "(docs/results/ablations.md)"))
+                                help="env frames at which linear_decay reaches 0 (default: --train_for_env_steps; Sample "
+                                     "Factory's horizon is frameskip times longer, which on Atari made no difference "
+                                     "beyond the seeds' spread: docs/results/ablations.md)"))
     optim.add_argument("--adam_beta1", type=float, default=0.9, help="Adam beta1")
     optim.add_argument("--adam_beta2", type=float, default=0.999, help="Adam beta2")
     positive(optim.add_argument("--adam_eps", type=float, default=1e-6, help="Adam epsilon"))
@@ -512,24 +506,18 @@ class ActorCritic(nn.Module):
         return encoders, nn.Sequential(nn.Linear(features, cfg.hidden_size), activation())
 
     def initialize(self):
-        """Orthogonal weights with gain 1 (the policy head's: --policy_head_gain) and zero biases.
-
-        A tiny policy head (gain 0.01, common in PPO code) starves the encoder and the RNN of
-        policy gradient early on: on doom_basic it delayed learning by a few hundred thousand frames.
-        """
+        """Orthogonal weights with gain 1 (the policy head's: --policy_head_gain) and zero biases. A tiny
+        head (gain 0.01, common in PPO code) starves the encoder and the RNN of policy gradient early
+        on: on doom_basic it delayed learning by a few hundred thousand frames."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(module.weight, gain=self.policy_head_gain if module is self.policy_head else 1.0)
                 nn.init.zeros_(module.bias)
 
     def encode(self, obs: dict[str, torch.Tensor], critic: bool = False) -> torch.Tensor:
-        """Observations -> float32 features [N, hidden_size] (the value's own, `critic`, where the
-        two do not share weights).
-
-        With --encoder_dtype bfloat16 the convs and the FC run under autocast, much cheaper where
-        the hardware computes bfloat16 natively, and the weights, their gradients and everything
-        after the encoder stay float32 (mixed precision, no loss scaling).
-        """
+        """Observations -> float32 features [N, hidden_size] (the value's own, `critic`, where the two
+        do not share weights). With --encoder_dtype bfloat16 the convs and the FC run under autocast;
+        the weights, their gradients and all after the encoder stay float32 (no loss scaling)."""
         features = []
         device_type = next(iter(obs.values())).device.type
         encoders, fc = (self.critic_encoders, self.critic_fc) if critic else (self.encoders, self.fc)
@@ -548,11 +536,9 @@ class ActorCritic(nn.Module):
         return features.float()
 
     def update_normalizers(self, obs: dict[str, torch.Tensor], max_samples: int = 256):
-        """Learner only: fold a batch [N, ...] of observations into the input statistics.
-
-        A random subset of `max_samples` rows per batch is enough for running statistics, at a
-        fraction of the learner's time (a batch of 512 Doom frames is 14 M values).
-        """
+        """Learner only: fold a batch [N, ...] of observations into the input statistics, from a random
+        `max_samples` rows: enough for running statistics, at a fraction of the learner's time (a batch
+        of 512 Doom frames is 14 M values)."""
         if self.normalize_input:
             for key, normalizer in self.obs_normalizers.items():
                 x = obs[key]
