@@ -4,7 +4,7 @@ against Stable-Baselines3's PPO with rl-zoo3's tuned hyperparameters on gym: env
 
     python scripts/bench_learning.py --sf_python .venv-sf/bin/python
     python scripts/bench_learning.py --envs gym:LunarLander-v3 --trainers appo,sb3 --sb3_python .venv-sb3/bin/python \
-        --results_dir docs/bench/gym_sb3
+        --results_dir docs/bench/gym --sb3_results_dir docs/bench/gym_sb3
     python scripts/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
     python scripts/bench_learning.py --report_only          # the table and plots from saved results
     python scripts/bench_learning.py --headline             # the README's table, from four folders of runs
@@ -291,7 +291,8 @@ def result_path(args, trainer: str, env_name: str, seed: int) -> str:
     # Sample Factory's named configurations other than its published one get files of their own, so
     # that both can live in one folder (a held-out env's, say)
     label = trainer if trainer in ("appo", "sb3") or args.sf_config == "published" else f"sf_{args.sf_config}"
-    return os.path.join(args.results_dir, env_name, f"{label}_seed{seed}.json")
+    folder = args.sb3_results_dir if trainer == "sb3" else args.results_dir
+    return os.path.join(folder, env_name, f"{label}_seed{seed}.json")
 
 
 def load_result(path: str) -> dict | None:
@@ -871,8 +872,9 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "ablations/sf_doom_batch_512": "the batch-512 table, the README",
                  "ablations/sf_doom_batch_512_area_resize": "the README",
                  "heldout": "the held-out tables, the README",
-                 "gym": "the gym: table",
-                 "gym_sb3": "the SB3 table",
+                 "gym": "the gym: table, the SB3 table's appo.py side",
+                 "gym_sb3": "the SB3 table's SB3 side",
+                 "gym_sb3_4m": "the SB3 table read at equal seconds",
                  "pettingzoo": "the pz: table",
                  "repin_2026-11-28/after_70ed530": "the re-pin table",
                  "repin_2026-11-28/before_e4fc108": "the re-pin table",
@@ -1021,6 +1023,9 @@ def parse_args(argv=None):
                         help="extra Sample Factory flags, part of the saved configuration: --sf_flags=\"--batch_size 512\"")
     parser.add_argument("--results_dir", default=os.path.join(REPO, "docs", "bench", "learning"),
                         help="one JSON per finished run; commit it (the bench resumes from it)")
+    parser.add_argument("--sb3_results_dir", default=None,
+                        help="SB3's runs, when appo.py's are kept elsewhere (the gym: table's runs are the SB3 "
+                             "table's appo.py side; default: --results_dir)")
     parser.add_argument("--plot_dir", default=None, help="one PNG per env (default: --results_dir)")
     parser.add_argument("--stall_seconds", type=float, default=300.0,
                         help="a run that prints nothing for this long is hung: killed, counted as a failure")
@@ -1061,6 +1066,7 @@ def parse_args(argv=None):
     if problems:
         parser.error("; ".join(problems))
     args.plot_dir = args.plot_dir or args.results_dir
+    args.sb3_results_dir = args.sb3_results_dir or args.results_dir
     if args.sf_python:  # its runs and the task probe start in other folders
         args.sf_python = os.path.abspath(args.sf_python)
     if args.sb3_python:
@@ -1128,19 +1134,19 @@ def score_at_seconds(curve: list, seconds: float) -> tuple[float, float] | None:
     return (before[-1][2], before[-1][1]) if before else None
 
 
-# The SB3 table read at equal seconds: appo.py's runs beyond 1M steps (`--frames 4000000`), the
-# folder the SB3 table's appo.py side is read from when there are none
-SB3_LONG_DIR = os.path.join(BENCH_DIR, "gym_sb3_4m")
+# The SB3 table's two sides (appo.py's are the gym: table's runs), and appo.py's runs beyond 1M steps
+# (`--frames 4000000`) that read it at equal seconds; the table's own appo.py runs where there are none
+GYM_DIR, SB3_DIR, SB3_LONG_DIR = (os.path.join(BENCH_DIR, name) for name in ("gym", "gym_sb3", "gym_sb3_4m"))
 
 
-def equal_seconds_table(sb3_root: str = os.path.join(BENCH_DIR, "gym_sb3"), long_root: str = SB3_LONG_DIR) -> str:
+def equal_seconds_table(appo_root: str = GYM_DIR, sb3_root: str = SB3_DIR, long_root: str = SB3_LONG_DIR) -> str:
     """Each side of the SB3 table read at the other's median minutes to its budget: SB3's curves at
     appo.py's minutes, and appo.py's at SB3's, from its longer runs where saved (a run that ended
     sooner is read at its end, and the steps column says where each side was read)."""
     lines = ["| env | SB3 min | SB3 at its budget | appo.py at SB3's min | at steps | appo.py min | "
              "appo.py at its budget | SB3 at appo.py's min | at steps |", "|---|---|---|---|---|---|---|---|---|"]
     for env_name in sorted(os.listdir(sb3_root)):
-        sb3, appo = saved_runs(sb3_root, env_name, "sb3"), saved_runs(sb3_root, env_name, "appo")
+        sb3, appo = saved_runs(sb3_root, env_name, "sb3"), saved_runs(appo_root, env_name, "appo")
         if not sb3 or not appo:
             continue
         long = saved_runs(long_root, env_name, "appo") or appo
@@ -1208,7 +1214,7 @@ def ablation_verdicts(root: str = ABLATION_DIR, seeds: int = 3) -> list[str]:
     if not all(complete(arm, env_name) for arm in stage_2 for env_name in STAGE_2):
         return lines + ["R1: waits for Stage 2's runs"]
     sb3 = {env_name: statistics.median(score_at(run["curve"], 1_000_000)
-                                       for run in saved_runs(os.path.join(BENCH_DIR, "gym_sb3"), env_name, "sb3"))
+                                       for run in saved_runs(SB3_DIR, env_name, "sb3"))
            for env_name in STAGE_1 + STAGE_2}
     random_play = {env_name: load_result(os.path.join(BENCH_DIR, "gym", "random", f"{env_name}.json"))["mean_return"]
                    for env_name in STAGE_1 + STAGE_2}

@@ -190,6 +190,24 @@ def test_the_report_shows_runs_of_earlier_code_and_says_so(monkeypatch, tmp_path
     assert "earlier (this checkout's code is now: the runs are of an earlier version)" in table
 
 
+def test_sb3s_runs_can_live_apart_from_appo_pys(monkeypatch, tmp_path, capsys):
+    """--sb3_results_dir: the gym: table's appo.py runs are also the SB3 table's appo.py side, so SB3's
+    runs are saved and read in a folder of their own, and the report puts both in one row."""
+    appo_dir, sb3_dir = tmp_path / "gym", tmp_path / "gym_sb3"
+    argv = ["--envs", "gym:Hopper-v5", "--trainers", "appo,sb3", "--results_dir", str(appo_dir),
+            "--sb3_results_dir", str(sb3_dir), "--report_only"]
+    args = bench.parse_args(argv)
+    for trainer, score in (("appo", 1500.0), ("sb3", 1000.0)):
+        config = bench.run_config(args, trainer, "gym:Hopper-v5", 1)
+        path = bench.result_path(args, trainer, "gym:Hopper-v5", 1)
+        assert path.startswith(str(appo_dir if trainer == "appo" else sb3_dir) + os.sep), path
+        bench.save_json(path, {"key": bench.config_key(config), "status": "ok", "config": config, "commit": "abc1234",
+                               "wall_s": 60.0, "curve": [[60.0, 1_000_000.0, score]], "other_cpu_share": 0.0})
+    assert bench.parse_args(argv[:6] + ["--report_only"]).sb3_results_dir == str(appo_dir)  # one folder by default
+    bench.main(argv)
+    assert "| gym:Hopper-v5 | 1M | 1500.00 (1) | 1000.00 (1) |" in capsys.readouterr().out
+
+
 def test_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--envs", "dmlab_30", "--trainers", "appo"])
@@ -404,9 +422,12 @@ def test_every_saved_learning_run_says_its_precision():
 # as a glob under docs/bench, how many, the one precision they all recorded, whether any of their
 # machines computes bfloat16). A page that claims a precision for runs that did not record it shows here.
 PRECISION_CLAIMS = [
-    ("docs/results/learning.md", "Every row is at one code, 8b3162efd64af30e, and one precision, float32 (CPUs "
-     "without bfloat16)", "gym/gym:*/appo_seed*.json", 18, "float32 encoder", False),
-    ("docs/results/learning.md", "the 18 gym: runs and the 3 pz: runs had CPUs without it",
+    ("docs/results/learning.md", "Every row is at one code, a8aaf7dad8b25bed (a worktree of b276c28), one "
+     "precision, float32 (`--encoder_dtype float32`: this CPU has bfloat16", "gym/gym:*/appo_seed*.json", 21,
+     "float32 encoder", True),
+    ("docs/results/learning.md", "the 21 gym: runs had an AMD EPYC with it and ran in float32",
+     "gym/gym:*/appo_seed*.json", 21, "float32 encoder", True),
+    ("docs/results/learning.md", "the 3 pz: runs an AMD EPYC without it (so float32)",
      "pettingzoo/pz:*/appo_seed*.json", 3, "float32 encoder", False),
     ("docs/bench/gym_hopper_ablation/README.md", "All float32 (neither CPU has bfloat16)",
      "gym_hopper_ablation/*/gym:Hopper-v5/appo_seed*.json", 12, "float32 encoder", False),
@@ -660,21 +681,21 @@ def test_rank_sum_p_of_this_file_gives_the_textbook_values():
 
 
 def test_learning_mds_sb3_table_is_what_the_saved_runs_say():
-    """The SB3 table, every cell recomputed here from the result files under docs/bench/gym_sb3/
-    without the bench's functions (its reading of a curve, median, rank-sum p and minutes are
-    written again above), so a bug in the code that printed the table shows here: each env's
-    folder is a row, every counted run reached the budget, SB3 ran in float32, appo.py's rows at
-    one code, as many seeds a side."""
+    """The SB3 table, every cell recomputed here from the result files, SB3's under docs/bench/gym_sb3/
+    and appo.py's the gym: table's under docs/bench/gym/, without the bench's functions (its reading
+    of a curve, median, rank-sum p and minutes are written again above), so a bug in the code that
+    printed the table shows here: each env's folder of SB3 runs is a row, every counted run reached
+    the budget, SB3 ran in float32, appo.py's rows at one code, as many seeds a side."""
     header, rows = table_in("gym: envs beside Stable-Baselines3 with rl-zoo3's settings", ("env", "steps"))
     assert header == ("env", "steps", "appo.py (n)", "SB3 + rl-zoo3 (n)", "zoo entry", "p", "appo min", "SB3 min")
-    folder = os.path.join(BENCH, "gym_sb3")
-    assert sorted(row[0] for row in rows) == sorted(name for name in os.listdir(folder)  # replaced/: not counted
-                                                    if os.path.isdir(os.path.join(folder, name)) and name != "replaced")
+    folders = {"appo": os.path.join(BENCH, "gym"), "sb3": os.path.join(BENCH, "gym_sb3")}
+    assert sorted(row[0] for row in rows) == sorted(  # replaced/, superseded_*/: not counted
+        name for name in os.listdir(folders["sb3"]) if glob.glob(os.path.join(folders["sb3"], name, "sb3_seed*.json")))
     codes = set()
     for env_name, steps, appo_cell, sb3_cell, zoo_cell, p_cell, appo_minutes, sb3_minutes in rows:
         saved = {}
         for trainer in ("appo", "sb3"):
-            paths = sorted(glob.glob(os.path.join(folder, env_name, f"{trainer}_seed*.json")))
+            paths = sorted(glob.glob(os.path.join(folders[trainer], env_name, f"{trainer}_seed*.json")))
             runs = []
             for path in paths:
                 with open(path) as f:
@@ -739,7 +760,7 @@ def test_learning_mds_atari_medians_along_the_way_are_what_the_saved_runs_say():
 
 def test_learning_mds_gym_pz_and_repin_tables_are_what_the_saved_runs_say():
     _, rows = table_in("gym: envs (appo.py alone)", ("env", "steps"))
-    assert len(rows) == 6
+    assert len(rows) == 7
     for env_name, steps, score, mins, code, random_play, _published in rows:
         runs = runs_in("gym", env_name, "appo")
         assert steps == f"{bench.BUDGETS[env_name] // 1000}k" if bench.BUDGETS[env_name] < 1e6 else "1M"
@@ -760,7 +781,8 @@ def test_learning_mds_gym_pz_and_repin_tables_are_what_the_saved_runs_say():
         assert (before, before_min) == ((score_cell("repin_2026-11-28/before_e4fc108", env_name, "appo", with_n=False),
                                          minutes_cell("repin_2026-11-28/before_e4fc108", env_name, "appo"))
                                         if done else ("not run", "-")), env_name
-        home = {"doom": "learning", "gym": "gym", "atari": "heldout"}[bench.family(env_name)]
+        # the published rows of then: the gym: table's at 8b3162ef, set aside when it was re-run
+        home = {"doom": "learning", "gym": "gym/superseded_8b3162ef", "atari": "heldout"}[bench.family(env_name)]
         assert published.startswith(score_cell(home, env_name, "appo", with_n=False) + " "), env_name
     _, rows = table_in("Re-pin of 2026-12-05", ("env", "frames"))
     for env_name, frames, code, after, before, after_min, before_min in rows:
@@ -967,26 +989,38 @@ def test_learning_mds_time_limits_table_is_what_the_saved_runs_say():
 def test_the_sb3_table_read_at_equal_seconds_takes_each_side_at_the_others_minutes(tmp_path):
     """`--equal_seconds`: SB3's curves are read at appo.py's median minutes to its budget, and appo.py's
     at SB3's from its longer runs when a folder of them exists (else from the table's own runs, read at
-    their end); the steps where each side was read are printed beside its scores."""
+    their end); the steps where each side was read are printed beside its scores. appo.py's runs are
+    the gym: table's, in a folder apart from SB3's."""
     def save(root, trainer, seed, wall_s, frames, points):
         folder = root / "gym:Hopper-v5"
         folder.mkdir(parents=True, exist_ok=True)
         run = {"status": "ok", "wall_s": wall_s, "config": {"seed": seed, "frames": frames, "trainer": trainer},
                "curve": points}
         (folder / f"{trainer}_seed{seed}.json").write_text(json.dumps(run))
-    table, long_table = tmp_path / "gym_sb3", tmp_path / "gym_sb3_4m"
+    table, sb3_table, long_table = tmp_path / "gym", tmp_path / "gym_sb3", tmp_path / "gym_sb3_4m"
     for seed in (1, 2, 3):
         # SB3: 30 minutes to 1M, 100 + seed at 300 s (appo.py's median), 500 + seed at the budget
-        save(table, "sb3", seed, 1800.0, 1_000_000, [[300.0, 200_000, 100 + seed], [301.0, 210_000, -1],
+        save(sb3_table, "sb3", seed, 1800.0, 1_000_000, [[300.0, 200_000, 100 + seed], [301.0, 210_000, -1],
                                                      [1800.0, 1_000_000, 500 + seed]])
         # appo.py: 1M in 300 s (seed 2), 400 + seed there
         save(table, "appo", seed, 298.0 + seed, 1_000_000, [[100.0, 300_000, 50], [298.0 + seed, 1_000_000, 400 + seed]])
-    cells = bench.equal_seconds_table(str(table), str(long_table)).splitlines()[2].split(" | ")
+    cells = bench.equal_seconds_table(str(table), str(sb3_table), str(long_table)).splitlines()[2].split(" | ")
     # no longer runs: appo.py read at its end, 1M, before SB3's 30 minutes
     assert cells[1:] == ["30.0", "502.00 [501.00, 503.00]", "402.00 [401.00, 403.00]", "1.00M", "5.0",
                          "402.00 [401.00, 403.00]", "102.00 [101.00, 103.00]", "0.20M |"]
     for seed in (1, 2, 3):
         save(long_table, "appo", seed, 1200.0 + seed, 4_000_000,
              [[300.0, 1_000_000, 400], [1799.0, 3_000_000, 700 + seed], [1801.0, 3_010_000, -1]])
-    cells = bench.equal_seconds_table(str(table), str(long_table)).splitlines()[2].split(" | ")
+    cells = bench.equal_seconds_table(str(table), str(sb3_table), str(long_table)).splitlines()[2].split(" | ")
     assert cells[3:5] == ["702.00 [701.00, 703.00]", "3.00M"]
+
+
+def test_learning_mds_sb3_table_read_at_equal_seconds_is_what_the_saved_runs_say():
+    """learning.md's equal-seconds table is `--equal_seconds` on the saved runs (the gym: table's,
+    SB3's and the 4M-step ones), whose reading of a curve at a time the test above checks: a run
+    added, or a cell typed by hand, fails it."""
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        text = f.read()
+    table = bench.equal_seconds_table()
+    assert len(table.splitlines()) == 2 + 4  # the SB3 table's four envs
+    assert f"--results_dir docs/bench/gym_sb3_4m\n\n{table}\n\n" in text

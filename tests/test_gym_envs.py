@@ -28,10 +28,12 @@ def train(tmp_path, env: str, frames: int, env_vars: dict | None = None) -> tupl
 @pytest.mark.slow
 def test_cartpole_learns_with_the_defaults(tmp_path):
     """Random play averages about 22. With the gym: defaults the 100-game average passed 200 at
-    29,696-48,128 frames in the six saved bench runs (docs/bench/gym/gym:CartPole-v1 and
-    superseded_200k/); two of four earlier runs reached 500 and stayed, two peaked at 475-484 and fell
-    back, so this checks that it learns, not the 475 mark. The run is stopped by Ctrl-C once the
-    average passes 200 (a loaded machine takes longer, not more frames), or ends at 100k frames."""
+    43,008-46,080 frames in the three saved bench runs (docs/bench/gym/gym:CartPole-v1; 29,696-48,128
+    in the six before time limits were bootstrapped, superseded_8b3162ef/ and superseded_200k/, at
+    the bench's summaries, 10-20k frames apart); two of four earlier runs reached 500 and stayed,
+    two peaked at 475-484 and fell back, so this checks that it learns, not the 475 mark. The run is
+    stopped by Ctrl-C once the average passes 200 (a loaded machine takes longer, not more frames),
+    or ends at 100k frames."""
     tag = uuid.uuid4().hex
     command = [sys.executable, os.path.join(REPO, "appo.py"), "--env", "gym:CartPole-v1", "--train_for_env_steps",
                "100000", "--train_dir", str(tmp_path), "--report_every_sec", "3"]
@@ -76,8 +78,10 @@ def test_a_mujoco_env_learns_with_the_vector_defaults(tmp_path):
     family's defaults, the path of docs/results/learning.md's MuJoCo rows. Random play averages 16.7
     a game (docs/bench/gym/random/gym:Hopper-v5.json: it falls within a few dozen steps); in the six
     saved 1M-step runs at these defaults (docs/bench/gym/gym:Hopper-v5 and
-    docs/bench/gym_hopper_ablation/defaults) the 100-game average passed 130 by 13,312 frames, so
-    24k frames must take it past 100.
+    docs/bench/gym_ablation/bootstrap, seeds 1-3) the bench's first summary of a 100-game average
+    above 100 came at 8,192-22,528 frames in five, and in the sixth the average went from 90 at
+    10,240 frames to 288 at 33,792 (at the defaults before time limits were bootstrapped, six runs
+    passed 130 by 13,312), so 24k frames must take it past 100.
     """
     result, returns = train(tmp_path, "gym:Hopper-v5", 24_000)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
