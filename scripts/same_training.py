@@ -46,7 +46,7 @@ COMMON = ["--serial_mode", "--num_workers", "1", "--num_envs_per_worker", "4", "
           "--hidden_size", "64", "--seed", "1", "--train_for_env_steps", "20000", "--experiment", "same"]
 # Defaults changed on purpose and measured (docs/results/learning.md), held at their old values on
 # each side whose appo.py has the flag, so that runs of older code stay comparable.
-OLD_DEFAULTS = {"--value_bootstrap": "--no-value_bootstrap"}  # 2026-12-05, issue 80: the Doom family's
+OLD_DEFAULTS = {"--value_bootstrap": "--no-value_bootstrap"}  # issue 80: Doom, gym: (12-05), Atari (12-06)
 CHECKSUM = """
 import glob, hashlib, sys, torch
 path = sorted(glob.glob(sys.argv[1] + "/same/checkpoint_p0/*.pth"))[-1]

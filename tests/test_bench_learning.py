@@ -21,6 +21,7 @@ from conftest import processes_tagged, shm_entries, shm_left_by_this_run
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import bench_learning as bench  # noqa: E402
+import appo  # noqa: E402
 import env  # noqa: E402
 
 
@@ -967,15 +968,16 @@ def test_seeds_4_and_5_are_reported_without_moving_r1_and_r2_judges_the_chosen_a
 def test_learning_mds_time_limits_table_is_what_the_saved_runs_say():
     """R0's table (learning.md, "Time limits bootstrapped"): each measured family's env, without and
     with --value_bootstrap, recomputed from its two folders: median [min, max] (n) at the budget and
-    the rank-sum p that the runs with it score lower. The gym: rows are the ablation's `defaults`
-    and `bootstrap` arms."""
+    the rank-sum p that the runs with it score lower, and the family's default as parse_args gives
+    it. The gym: rows are the ablation's `defaults` and `bootstrap` arms."""
     header, rows = table_in("Time limits bootstrapped (`--value_bootstrap`)", ("family (env)", "budget"))
     found = {row[0]: dict(zip(header, row)) for row in rows}
-    folders = {"Doom scenarios (doom_basic)": ("time_limits/doom_off", "time_limits/doom_on", "doom_basic")}
+    folders = {"Doom scenarios (doom_basic)": ("time_limits/doom_off", "time_limits/doom_on", "doom_basic"),
+               "Atari (atari_pong)": ("time_limits/atari_off", "time_limits/atari_on", "atari_pong")}
     folders.update({f"gym: and pz: ({env_name})": ("gym_ablation/defaults", "gym_ablation/bootstrap", env_name)
                     for env_name in bench.STAGE_1 + bench.STAGE_2
                     if f"gym: and pz: ({env_name})" in found})
-    assert len(folders) >= 4
+    assert len(folders) >= 6
     for name, (without, with_it, env_name) in folders.items():
         cells = found[name]
         # R0 reads seeds 1 to 3; the ablation's later seeds 4 and 5 of `bootstrap` are not its
@@ -984,6 +986,8 @@ def test_learning_mds_time_limits_table_is_what_the_saved_runs_say():
         for column, values in (("with (n)", scores[0]), ("without (n)", scores[1])):
             assert cells[column] == f"{np.median(values):.2f} [{min(values):.2f}, {max(values):.2f}] (3)", name
         assert cells["p"] == f"{float(rank_sum_p_lower(*scores)):.2f}", name
+        # the default column says what the family's defaults are now
+        assert cells["default"].startswith("on since") == appo.parse_args(["--env", env_name]).value_bootstrap, name
 
 
 def test_the_sb3_table_read_at_equal_seconds_takes_each_side_at_the_others_minutes(tmp_path):

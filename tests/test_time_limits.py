@@ -217,14 +217,15 @@ def test_a_trained_critic_values_the_last_steps_before_a_time_limit_as_the_first
 
 
 def test_value_bootstrap_is_a_default_only_where_it_was_measured():
-    """R0 (docs/results/learning.md): on for the Doom scenarios (doom_basic) and the gym: and pz:
-    families (HalfCheetah, Walker2d, Hopper, LunarLander), vectors and images alike; off elsewhere
-    until measured."""
-    for env in ("doom_basic", "gym:CartPole-v1", "gym:clock_env:Clock/Cut-v0", "pz:pz_envs:time_limited",
+    """R0 (docs/results/learning.md): on for the Doom scenarios (doom_basic), the Atari family
+    (atari_pong) and the gym: and pz: families (HalfCheetah, Walker2d, Hopper, LunarLander), vectors
+    and images alike; off for the Doom matches, which report no truncation."""
+    for env in ("doom_basic", "atari_pong", "atari_breakout", "gym:CartPole-v1", "gym:clock_env:Clock/Cut-v0",
+                "pz:pz_envs:time_limited",
                 "gym:ale_py:ALE/Pong-v5"):  # images: the gym: family too (ale_py registers its ids when imported)
         assert appo.parse_args(["--env", env]).value_bootstrap, env
         assert appo.parse_args(["--env", env, "--no-value_bootstrap"]).value_bootstrap is False, env
-    for env in ("doom_duel_bots", "atari_pong"):
+    for env in ("doom_duel_bots",):
         assert appo.parse_args(["--env", env]).value_bootstrap is False, env
 
 
