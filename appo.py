@@ -461,7 +461,6 @@ class ActorCritic(nn.Module):
         self.masks_actions = ACTION_MASK in obs_shapes(obs_space)
         self.encoders, self.fc = self.trunk(obs_space, cfg)
         self.normalize_input = cfg.normalize_input
-        self.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
         self.obs_normalizers = nn.ModuleDict({key: RunningNormalizer(shape) for key, (shape, _)
                                               in obs_shapes(obs_space).items() if key != ACTION_MASK})
         self.normalize_returns = cfg.normalize_returns
@@ -478,7 +477,7 @@ class ActorCritic(nn.Module):
         if not self.shares_weights:  # the value's own encoder and FC; the policy's drive the core
             self.critic_encoders, self.critic_fc = self.trunk(obs_space, cfg)
         self.initialize()
-        self.to(memory_format=torch.channels_last)  # conv weights only: oneDNN's fast layout on CPU
+        encoder_precision(self, cfg)  # --encoder_dtype, and the convs' memory layout
 
     def trunk(self, obs_space: spaces.Space, cfg) -> tuple[nn.ModuleDict, nn.Sequential]:
         """An encoder per observation key (conv net, MLP, or nothing for an action mask) and the FC
@@ -516,12 +515,10 @@ class ActorCritic(nn.Module):
 
     def encode(self, obs: dict[str, torch.Tensor], critic: bool = False) -> torch.Tensor:
         """Observations -> float32 features [N, hidden_size] (the value's own, `critic`, where the two
-        do not share weights). With --encoder_dtype bfloat16 the convs and the FC run under autocast;
-        the weights, their gradients and all after the encoder stay float32 (no loss scaling)."""
+        do not share weights)."""
         features = []
-        device_type = next(iter(obs.values())).device.type
         encoders, fc = (self.critic_encoders, self.critic_fc) if critic else (self.encoders, self.fc)
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.encoder_dtype == torch.bfloat16):
+        with encoder_autocast(self, obs):
             for key, encoder in encoders.items():
                 if key == ACTION_MASK:
                     continue
@@ -1608,6 +1605,20 @@ def encoder_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if x.dim() == 4:
         return x.permute(0, 2, 3, 1).contiguous().to(dtype, copy=True).permute(0, 3, 1, 2)
     return x.to(torch.float32, copy=True)
+
+
+def encoder_precision(model: "ActorCritic", cfg):
+    """ActorCritic's __init__: --encoder_dtype (the precision encode computes in, encoder_autocast)
+    and its conv weights in channels-last memory, oneDNN's fast layout on the CPU."""
+    model.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
+    model.to(memory_format=torch.channels_last)  # conv weights only
+
+
+def encoder_autocast(model: "ActorCritic", obs: dict[str, torch.Tensor]) -> torch.autocast:
+    """ActorCritic.encode's context: with --encoder_dtype bfloat16 the encoders and the FC run under
+    autocast; the weights, their gradients and all after encode stay float32 (no loss scaling)."""
+    device_type = next(iter(obs.values())).device.type
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=model.encoder_dtype == torch.bfloat16)
 
 
 def encoder_in_compute_dtype(model: "ActorCritic") -> "ActorCritic":
