@@ -54,6 +54,7 @@ import threading
 import time
 import typing
 import uuid
+import zlib
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable
@@ -1011,7 +1012,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "it (deleted, then from scratch). Sample Factory's flag and meanings")
     at_least_0(general.add_argument("--seed", type=int, default=None,
                                     help="random seed (default: drawn at random; a run prints it and config.json "
-                                         "keeps it)"))
+                                         "keeps it); each process seeds from it, its role and its index"))
     positive(general.add_argument("--train_for_env_steps", type=integer, default=UNLIMITED_FRAMES,
                                   help="stop after this many env frames (frameskip included)"))
     positive(general.add_argument("--train_for_seconds", type=float, default=UNLIMITED_SECONDS,
@@ -1910,10 +1911,25 @@ def stop_fork_server():
         server._stop()
 
 
-def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False, stack_file: str | None = None):
+def seed_process(seed: int, role: str, index: int):
+    """Seeds this process's generators (torch's, NumPy's global one, Python's) from the run's
+    --seed, the process's role and its index in the run. Children fork from a server that imported
+    torch once, so unseeded each would start from the server's generator state: two policy workers
+    drew the same action noise, and a run's sampling did not follow --seed. A restarted child
+    draws its stream again from the start. --serial_mode runs every role in one process, on the
+    one stream the runner seeds."""
+    words = np.random.SeedSequence([seed, zlib.crc32(role.encode()), index]).generate_state(2)
+    torch.manual_seed(int(words[0]) << 32 | int(words[1]))
+    np.random.seed(int(words[0]))
+    random.seed(int(words[1]))
+
+
+def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False, stack_file: str | None = None,
+                        seed: tuple[int, int] | None = None):
     """Every child: a name that `ps`/`top` show (appo-<role>), die with the runner, leave Ctrl-C
     to the runner, few threads; with `stack_file`, SIGUSR1 appends every thread's Python stack
-    there (the runner asks for it when the process falls silent).
+    there (the runner asks for it when the process falls silent); with `seed` (the run's --seed,
+    the process's index), generators of its own (seed_process).
 
     A process that owns envs gets its own process group, so that the runner can kill it together
     with the env processes it started (VizDoom runs one per env), and it hears of the runner's
@@ -1940,6 +1956,8 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False, st
         server._forkserver_alive_fd = None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    if seed is not None:
+        seed_process(seed[0], role, seed[1])
     if stack_file:
         os.makedirs(os.path.dirname(stack_file), exist_ok=True)
         global STACK_FILE  # faulthandler writes to its descriptor: it must stay open
@@ -2621,7 +2639,7 @@ class RolloutWorker:
 
 
 def rollout_worker_main(worker_id: int, process_index: int, cfg, shared: Shared):
-    child_process_setup("rollout", owns_envs=True)
+    child_process_setup("rollout", owns_envs=True, seed=(cfg.seed, process_index))
     if cfg.set_workers_cpu_affinity:
         pin_rollout_worker(worker_id, cfg.num_workers)
     worker, parent = None, os.getppid()
@@ -2753,7 +2771,8 @@ class PolicyWorker:
 
 
 def policy_worker_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
-    child_process_setup("policy", cfg.policy_worker_threads, stack_file=stack_path(cfg, process_index))
+    child_process_setup("policy", cfg.policy_worker_threads, stack_file=stack_path(cfg, process_index),
+                        seed=(cfg.seed, process_index))
     use_device(cfg.device)
     parent = os.getppid()
     worker = PolicyWorker(policy_id, cfg, shared, spaces_pair)
@@ -3337,7 +3356,8 @@ class Learner:
 
 
 def learner_main(policy_id: int, process_index: int, cfg, shared: Shared, spaces_pair):
-    child_process_setup("learner", cfg.learner_threads, stack_file=stack_path(cfg, process_index))
+    child_process_setup("learner", cfg.learner_threads, stack_file=stack_path(cfg, process_index),
+                        seed=(cfg.seed, process_index))
     use_device(cfg.device)
     try:
         Learner(policy_id, cfg, shared, spaces_pair).run(process_index)

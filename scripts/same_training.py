@@ -21,6 +21,11 @@ learning bench. Compare a refactor against a commit at or after the latest.
   after their minibatch's step (the loss changes nothing). Every configuration with a GRU moved;
   CartPole's (no RNN, GAE) did not (docs/results/learning.md, "Re-pin of 2026-12-05"; 894d4bf, the
   same with padded segments, is superseded).
+Not a re-pin: 2026-12-07 (issue 95), every child process seeds its generators from --seed, its role
+and its index (appo.seed_process). Serial runs draw as before (SAME 6/6 against the commit before:
+--serial_mode runs every role in the runner's process, on the stream it always seeded); what moved
+is the multi-process runs' sampling, which had come from the fork server's random state, so that no
+two of them could be repeated (tests/test_seeding.py repeats one now).
 """
 import argparse
 import glob
