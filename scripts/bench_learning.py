@@ -449,6 +449,36 @@ def appo_lag(train_dir: str) -> float | None:
     return statistics.median(event.value for event in events) if events else None
 
 
+# What a diagnosis of a run needs beside its score (docs/monitoring.md defines each): how wide the
+# policy's action distribution is, how well the critic fits, how far each update moved the policy.
+APPO_DIAGNOSTIC_TAGS = ("entropy", "value_loss", "explained_variance", "approx_kl", "clip_fraction", "learning_rate")
+DIAGNOSTIC_POINTS = 100  # per tag and run, evenly spread over its summaries: a few KB a file
+
+
+def appo_diagnostics(train_dir: str) -> dict[str, list[list[float]]]:
+    """Policy 0's learner figures along the run, each point [frames trained, value] at one summary,
+    thinned to DIAGNOSTIC_POINTS (the last one always kept)."""
+    events = scalar_events(os.path.join(train_dir, "run", "tb"))
+    trained_at = {event.step: event.value for event in events.get(APPO_FRAMES_TAG, [])}
+    kept = {}
+    for name in APPO_DIAGNOSTIC_TAGS:
+        points = [[trained_at[event.step], event.value] for event in events.get(f"p0/{name}", [])
+                  if event.step in trained_at]
+        every = max(1, math.ceil(len(points) / DIAGNOSTIC_POINTS))
+        kept[name] = points[::-1][::every][::-1]
+    return kept
+
+
+def keep_final_checkpoint(train_dir: str, result_file: str) -> str | None:
+    """Copies the run's newest checkpoint beside its result file (same name, .pth); its file name."""
+    found = sorted(glob.glob(os.path.join(train_dir, "run", "checkpoint_p0", "checkpoint_*.pth")))
+    if not found:
+        return None
+    kept = result_file.removesuffix(".json") + ".pth"
+    shutil.copyfile(found[-1], kept)
+    return os.path.basename(kept)
+
+
 def appo_curve(train_dir: str, started_at: float) -> list[list[float]]:
     """appo.py writes its summaries at frames collected, with frames trained as a scalar of the
     same write: each score is placed at the frames trained when it was written."""
@@ -553,8 +583,11 @@ def run_one(args, config: dict) -> dict:
                      else sf_curve(train_dir, outcome["started_at"], env_name))
             if trainer == "appo":
                 outcome["lag_avg_median"] = appo_lag(train_dir)
+                outcome["diagnostics"] = appo_diagnostics(train_dir)
         except Exception as error:  # a run that died before its first summary has none
             outcome["curve_error"] = f"{type(error).__name__}: {error}"
+        if trainer == "appo" and args.keep_checkpoints and outcome["status"] == "ok":
+            outcome["checkpoint"] = keep_final_checkpoint(train_dir, result_path(args, trainer, env_name, seed))
         axis_problem = frame_axis_check(trainer, train_dir, env_name)
         precision = trainer_precision(trainer, train_dir)
     finally:
@@ -1026,6 +1059,9 @@ def parse_args(argv=None):
     parser.add_argument("--sb3_results_dir", default=None,
                         help="SB3's runs, when appo.py's are kept elsewhere (the gym: table's runs are the SB3 "
                              "table's appo.py side; default: --results_dir)")
+    parser.add_argument("--keep_checkpoints", action="store_true",
+                        help="keep each appo.py run's final checkpoint beside its result file (same name, .pth; "
+                             "gym: runs' are 40-600 KB), for scripts/probe_policy.py and --mode eval --checkpoint")
     parser.add_argument("--plot_dir", default=None, help="one PNG per env (default: --results_dir)")
     parser.add_argument("--stall_seconds", type=float, default=300.0,
                         help="a run that prints nothing for this long is hung: killed, counted as a failure")

@@ -286,7 +286,7 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     tag = uuid.uuid4().hex
     monkeypatch.setenv("APPO_TEST_TAG", tag)
     args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo", "--frames", "20000",
-                             "--results_dir", str(tmp_path), "--appo_flags=--num_envs_per_worker=4"])
+                             "--results_dir", str(tmp_path), "--appo_flags=--num_envs_per_worker=4", "--keep_checkpoints"])
     shm_before = shm_entries()
     result = bench.run_one(args, bench.run_config(args, "appo", "doom_basic", 1))
     assert result["status"] == "ok", result["log_tail"]
@@ -306,6 +306,17 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     assert all(frame % (batch_size * 4) == 0 for frame in frames)  # whole batches of steps x frameskip 4: trained, not collected
     assert processes_tagged(tag) == [] and shm_left_by_this_run(shm_before) == []
     assert not os.path.exists(os.path.join(tmp_path, "doom_basic", "appo_seed1.log"))
+    # what a diagnosis needs, at the summaries' frames trained: every learner figure, the last one kept
+    diagnostics = result["diagnostics"]
+    assert sorted(diagnostics) == sorted(bench.APPO_DIAGNOSTIC_TAGS)
+    for name, points in diagnostics.items():
+        assert points and all(point[0] in frames for point in points), name
+        assert points[-1][0] == frames[-1] and 0 < len(points) <= bench.DIAGNOSTIC_POINTS
+    assert all(0 <= value <= 1 for _, value in diagnostics["clip_fraction"])
+    # the final checkpoint, kept beside the result file: the one that trained the last summary's frames
+    kept = torch.load(os.path.join(tmp_path, "doom_basic", result["checkpoint"]), weights_only=True)
+    assert result["checkpoint"] == "appo_seed1.pth" and kept["cfg"]["env"] == "doom_basic"
+    assert kept["env_frames"] >= frames[-1]
 
 
 def test_a_run_that_fails_to_start_is_saved_with_its_exit_code_and_its_error(tmp_path):
