@@ -1877,6 +1877,15 @@ def child_process_context():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "numpy", "gymnasium"])  # what appo.py and env.py import
     fork_server_socket_in_a_short_folder()
+    # A stop signalled to the whole process group (timeout, kill -- -PGID, Slurm) reaches the server
+    # too, and its death would kill the learner before its final save (their parent-death signal).
+    # An ignored signal stays ignored across exec, so the server, started here, ignores SIGTERM and
+    # outlives the runner's save; it still exits with the runner (child_process_setup).
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return context
 
 
@@ -1933,13 +1942,17 @@ def child_process_setup(role: str, threads: int = 1, owns_envs: bool = False, st
 
     A process that owns envs gets its own process group, so that the runner can kill it together
     with the env processes it started (VizDoom runs one per env), and it hears of the runner's
-    death as SIGTERM, which it turns into a normal exit that closes its envs.
+    death as SIGTERM, which it turns into a normal exit that closes its envs. The others leave
+    SIGTERM to the runner as they leave Ctrl-C: a stop signalled to the whole process group
+    (timeout, Slurm) must find the learner alive to save its final checkpoint.
     """
     death_signal = signal.SIGKILL
     if owns_envs:
         os.setpgid(0, 0)
         death_signal = signal.SIGTERM
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG: the kernel signals us when our parent dies
@@ -3939,6 +3952,9 @@ class TrainResult:
     # the best 100-game average at a status line: a run's peak, where the last average may be past it
     best_average_returns: list[float] = dataclasses.field(default_factory=list)
     checkpoints: list[str | None] = dataclasses.field(default_factory=list)  # each policy's latest
+    # policy versions trained after that checkpoint: 0 where the final save landed, more where the
+    # learner was gone before it (killed by something other than the runner's stop)
+    versions_unsaved: list[int] = dataclasses.field(default_factory=list)
 
 
 def save_config(cfg):
@@ -4204,13 +4220,16 @@ def final_result(cfg, stats: Stats, shared: Shared, elapsed: float, best_returns
     """The figures of a finished run, read once: the summary lines are written from them."""
     saved = [sorted(glob.glob(os.path.join(checkpoint_dir(cfg, policy_id), "checkpoint_*.pth")))
              for policy_id in range(cfg.num_policies)]
+    saved_versions = [int(os.path.basename(paths[-1]).split("_")[1]) if paths else 0 for paths in saved]
     return TrainResult(
         exit_code=exit_code, seconds=elapsed, frames_collected=frames_collected(cfg, shared),
         frames_trained=[int(frames) for frames in shared.run.learner_frames],
         average_returns=[float(np.mean(returns)) if returns else float("nan") for returns in stats.episode_returns],
         games_averaged=[len(returns) for returns in stats.episode_returns],
         best_average_returns=[float(best) if np.isfinite(best) else float("nan") for best in best_returns],
-        checkpoints=[paths[-1] if paths else None for paths in saved])
+        checkpoints=[paths[-1] if paths else None for paths in saved],
+        versions_unsaved=[max(0, int(trained) - version) for trained, version
+                          in zip(shared.run.learner_version, saved_versions)])
 
 
 def did_not_learn(first_window: tuple[float, float] | None, best_window: tuple[float, float] | None) -> bool:
@@ -4249,8 +4268,16 @@ def end_of_run_lines(cfg, result: TrainResult, first_windows: list | None = None
                          f"{flat}; flags to try: a longer --train_for_env_steps, --exploration_loss_coeff 0.01 "
                          "(sparse rewards), --gamma 0.999 (long games), --learning_rate 0.0003 "
                          "(docs/environments.md, \"When a run does not learn\")")
-    lines.append(f"watch it play: python {LAUNCHER} --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
-                 f"--experiment {cfg.experiment} --save_video")
+    if any(result.checkpoints):  # never a command for a checkpoint that does not exist
+        lines.append(f"watch it play: python {LAUNCHER} --mode eval --env {cfg.env} --train_dir {cfg.train_dir} "
+                     f"--experiment {cfg.experiment} --save_video")
+    for policy_id, unsaved in enumerate(result.versions_unsaved):
+        if unsaved:
+            prefix = f"policy {policy_id}'s " if cfg.num_policies > 1 else "the "
+            newest = result.checkpoints[policy_id]
+            lines.append(f"warning: {prefix}learner was gone before its final save, and the last {unsaved} policy "
+                         f"versions it trained are lost; " + (f"the newest checkpoint is {newest}" if newest
+                                                                else "it saved no checkpoint"))
     return lines
 
 

@@ -344,11 +344,29 @@ def test_with_learning_rivals_a_flat_return_points_to_eval_not_to_flags(tmp_path
         assert ("=random" in hints[0]) == rivals_learn
 
 
+def test_a_learner_gone_before_its_final_save_is_the_last_line_and_no_eval_is_offered_without_a_checkpoint(tmp_path):
+    """The run's end reads the checkpoints on disk: where the learner trained past the newest one (it
+    was killed before its final save), the last line says how much was lost and names that checkpoint;
+    where there is none, no command to watch a policy that was never saved."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--train_dir", str(tmp_path)])
+    saved = str(tmp_path / "checkpoint_000000004_4096.pth")
+    for checkpoint, unsaved in ((saved, 0), (saved, 3), (None, 7)):
+        result = appo.TrainResult(0, 60.0, 7168, [7168], [20.0], [100], [20.0], [checkpoint], [unsaved])
+        lines = appo.end_of_run_lines(cfg, result)
+        assert lines[0].endswith(f"checkpoint {checkpoint or 'none'}")
+        assert any(line.startswith("watch it play") for line in lines) == (checkpoint is not None)
+        assert lines[-1].startswith("warning: ") == bool(unsaved)
+        if unsaved:
+            assert f"the last {unsaved} policy versions it trained are lost" in lines[-1]
+            assert (checkpoint or "it saved no checkpoint") in lines[-1]
+
+
 def test_the_best_100_game_average_counts_the_last_status_line(tmp_path, capsys):
     """A forker's run ended "average return 68.09 ... best 64.59": the runner prints its last status
     line as it stops, after the last report, and that line's average was left out of the best."""
     cfg = appo.parse_args(["--env", "gym:CartPole-v1", "--train_dir", str(tmp_path)])
-    frames = types.SimpleNamespace(worker_frames=np.array([2000]), learner_frames=np.array([2000]))
+    frames = types.SimpleNamespace(worker_frames=np.array([2000]), learner_frames=np.array([2000]),
+                                   learner_version=np.array([0]))
     shared = types.SimpleNamespace(run=frames, resumed_frames=0)
     run = appo.Run(cfg, False, shared, model=None, stats=appo.Stats(1), workers=None)
     reporting = appo.Reporting(run)

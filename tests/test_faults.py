@@ -46,15 +46,17 @@ def process_name(pid: int) -> str:
 class Run:
     """A training run in a subprocess whose output is read as it comes."""
 
-    def __init__(self, tmp_path, flags, faults: str = "", env: str = "doom_basic"):
+    def __init__(self, tmp_path, flags, faults: str = "", env: str = "doom_basic", own_group: bool = False):
         self.tag = uuid.uuid4().hex
         self.tmp_path = tmp_path
         script = os.path.join(TESTS, "run_with_faults.py") if faults else os.path.join(REPO, "appo.py")
         command = [sys.executable, script, "--env", env, *SMALL_RUN, "--train_dir", str(tmp_path),
                    "--experiment", "faults", *flags]
         environment = dict(os.environ, APPO_TEST_TAG=self.tag, APPO_FAULTS=faults)
+        # own_group: the run leads a process group of its own, as under timeout or a Slurm job step,
+        # so that a test can signal the whole group
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=environment, cwd=tmp_path)
+                                        env=environment, cwd=tmp_path, process_group=0 if own_group else None)
         self.lines: list[str] = []
         self.changed = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -226,6 +228,49 @@ def test_killed_workers_are_restarted_and_sigterm_then_stops_everything_cleanly(
     assert "stop requested: saving and shutting down" in run.output
     assert run.checkpoints()[-1]["env_frames"] >= trained_frames(run.lines[index])  # the final one
     run.assert_nothing_left(timeout=1.0)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_whole_process_group_saves_a_final_checkpoint(tmp_path):
+    """timeout, `kill -- -PGID` and Slurm signal every process of the group: the fork server and the
+    learner with the runner. They leave the stop to the runner, and the learner saves; before, it died
+    of the signal and the run ended with `checkpoint none`. No periodic checkpoint falls inside the
+    run (--save_every_sec 600), so the one on disk is the final save."""
+    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "600"], own_group=True)
+    try:
+        index = run.wait_for_training()
+        os.killpg(run.process.pid, signal.SIGTERM)
+        assert run.finish(timeout=60) == 0, run.output_tail()
+    finally:
+        run.process.kill()
+    assert "stop requested: saving and shutting down" in run.output
+    checkpoints = run.checkpoints()
+    assert checkpoints and checkpoints[-1]["env_frames"] >= trained_frames(run.lines[index])
+    assert re.search(r"; checkpoint \S+checkpoint_p0/checkpoint_\d+_\d+\.pth$", run.output, re.M), run.output_tail()
+    assert "warning" not in run.output and "checkpoint none" not in run.output
+    run.assert_nothing_left()
+
+
+@pytest.mark.slow
+def test_a_run_under_timeout_s_term_ends_with_a_checkpoint(tmp_path):
+    """The forker's case, as typed: `timeout -s TERM 25 python appo.py --env gym:CartPole-v1 ...`
+    (timeout signals its whole process group) kept nothing before; it must end with a checkpoint."""
+    tag = uuid.uuid4().hex
+    command = ["timeout", "-s", "TERM", "25", sys.executable, os.path.join(REPO, "appo.py"), "--env", "gym:CartPole-v1",
+               "--train_for_env_steps", "100000000", "--num_workers", "1", "--save_every_sec", "600",
+               "--train_dir", str(tmp_path), "--experiment", "faults"]
+    started = time.time()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=EVENT_TIMEOUT_S, cwd=tmp_path,
+                          env=dict(os.environ, APPO_TEST_TAG=tag))
+    assert done.returncode == 124, done.stdout[-3000:] + done.stderr[-3000:]  # timeout's own: the time ran out
+    assert "stop requested: saving and shutting down" in done.stdout
+    saved = glob.glob(str(tmp_path / "faults" / "checkpoint_p0" / "checkpoint_*.pth"))
+    assert saved and os.path.getmtime(max(saved)) > started + 5, done.stdout[-3000:]  # written at the stop
+    assert "checkpoint none" not in done.stdout and "watch it play" in done.stdout
+    deadline = time.monotonic() + 15
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_tagged(tag) == []
 
 
 @pytest.mark.slow
