@@ -97,6 +97,10 @@ def add_research_flags(parser: argparse.ArgumentParser):
                             f"({encoder_activations()})")
     model.add_argument("--normalize_input", action="switch", default=False,
                        help="normalise each observation element by its running mean and std")
+    model.add_argument("--input_stats", choices=["sampled_before_sgd", "all_after_sgd"], default="sampled_before_sgd",
+                       help="what --normalize_input's statistics take in from each training iteration: 256 random "
+                            "rows before its SGD, or every valid step after it, so that its first epoch normalises "
+                            "as acting did (SB3's VecNormalize updates at every env step)")
     model.add_argument("--actor_critic_share_weights", action="switch", default=True,
                        help="one encoder and FC for policy and value; off: the value gets its own (Sample "
                             "Factory's name; with --rnn_type none)")
@@ -104,6 +108,9 @@ def add_research_flags(parser: argparse.ArgumentParser):
                                 help="the starting std of continuous (Box) actions (Sample Factory's name)"))
     positive(model.add_argument("--policy_head_gain", type=float, default=1.0,
                                 help="the orthogonal gain of the policy head's weights (ActorCritic.initialize)"))
+    model.add_argument("--policy_initialization", choices=["orthogonal", "torch_default"], default="orthogonal",
+                       help="orthogonal: gain 1 (the policy head --policy_head_gain), zero biases; torch_default: "
+                            "each layer as torch makes it, as SB3's with ortho_init off (Sample Factory's name)")
 
     algo = parser.add_argument_group("algorithm")
     positive(algo.add_argument("--rollout", type=int, default=32, help="env steps per trajectory slot (T)"))
@@ -115,6 +122,11 @@ def add_research_flags(parser: argparse.ArgumentParser):
                                     "batch_size x this samples, each minibatch computing its targets with the weights of "
                                     "the moment and making one optimiser step"))
     positive(algo.add_argument("--num_epochs", type=int, default=1, help="SGD passes over each iteration's samples"))
+    algo.add_argument("--shuffle_minibatches", action="switch", default=False,
+                      help="a new random partition of the batch into minibatches every epoch: of single steps where "
+                           "nothing runs along a trajectory (--rnn_type none, GAE; --batch_size may then be less "
+                           "than --rollout), as SB3 and CleanRL; of whole trajectories for V-trace or an RNN "
+                           "(Sample Factory's name; the run says which)")
     algo.add_argument("--gamma", type=float, default=0.99, help="discount factor (default: the env's)")
     algo.add_argument("--with_vtrace", action="switch", default=True,
                       help="V-trace value targets and advantages; --no-with_vtrace uses GAE")
@@ -137,6 +149,11 @@ def add_research_flags(parser: argparse.ArgumentParser):
                            "probability goes to 0, so no head can collapse (Sample Factory's Doom default)")
     at_least_0(algo.add_argument("--exploration_loss_coeff", type=float, default=0.003,
                                  help="weight of the exploration term"))
+    algo.add_argument("--scale_rewards", action="switch", default=False,
+                      help="divide each agent's rewards by the running std of its discounted return, restarted at "
+                           "every episode's end (time limits included), clipped to +-10 (RewardScaler; SB3's "
+                           "VecNormalize, CleanRL's NormalizeReward); per env, restarted with its rollout worker; "
+                           "true returns are reported unscaled")
     algo.add_argument("--normalize_advantage", action="switch", default=True,
                       help="normalise advantages to zero mean, unit std per minibatch (as Sample Factory)")
     algo.add_argument("--normalize_returns", action="switch", default=True,
@@ -294,6 +311,28 @@ def action_distribution(action_space: spaces.Space) -> ActionDistribution:
 
 def rnn_state_size(cfg) -> int:
     return {"gru": cfg.hidden_size, "lstm": 2 * cfg.hidden_size, "none": 1}[cfg.rnn_type]
+
+
+class RewardScaler:
+    """--scale_rewards, for one agent of one env: its rewards divided by the running std of its
+    discounted return, clipped to +-10 (SB3's VecNormalize and CleanRL's NormalizeReward, their
+    eps). The return runs back from each step as ret = gamma * ret + r, and restarts at every
+    episode's end, a time limit's cut included. Not centred: a reward keeps its sign. The rollout
+    worker applies it to what it writes to the slots; the true return it reports stays unscaled."""
+
+    def __init__(self, gamma: float, clip: float = 10.0):
+        self.gamma, self.clip = gamma, clip
+        self.ret, self.mean, self.var, self.count = 0.0, 0.0, 1.0, 1e-4  # SB3's RunningMeanStd starts here
+
+    def __call__(self, reward: float, episode_ended: bool) -> float:
+        self.ret = self.gamma * self.ret + reward
+        self.count += 1.0
+        delta = self.ret - self.mean
+        self.mean += delta / self.count
+        self.var += (delta * (self.ret - self.mean) - self.var) / self.count  # Welford's, one sample at a time
+        if episode_ended:
+            self.ret = 0.0
+        return float(np.clip(reward / np.sqrt(self.var + 1e-8), -self.clip, self.clip))
 
 
 class RunningNormalizer(nn.Module):
@@ -475,6 +514,7 @@ class ActorCritic(nn.Module):
             self.action_log_std = nn.Parameter(torch.zeros(self.action_dist.num_log_stds) + np.log(cfg.initial_stddev))
         self.value_head = nn.Linear(cfg.hidden_size, 1)
         self.shares_weights, self.policy_head_gain = cfg.actor_critic_share_weights, cfg.policy_head_gain
+        self.policy_initialization = cfg.policy_initialization
         if not self.shares_weights:  # the value's own encoder and FC; the policy's drive the core
             self.critic_encoders, self.critic_fc = self.trunk(obs_space, cfg)
         self.initialize()
@@ -508,7 +548,10 @@ class ActorCritic(nn.Module):
     def initialize(self):
         """Orthogonal weights with gain 1 (the policy head's: --policy_head_gain) and zero biases. A tiny
         head (gain 0.01, common in PPO code) starves the encoder and the RNN of policy gradient early
-        on: on doom_basic it delayed learning by a few hundred thousand frames."""
+        on: on doom_basic it delayed learning by a few hundred thousand frames. --policy_initialization
+        torch_default keeps the weights torch drew as it built each layer."""
+        if self.policy_initialization == "torch_default":
+            return
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.orthogonal_(module.weight, gain=self.policy_head_gain if module is self.policy_head else 1.0)
@@ -533,16 +576,19 @@ class ActorCritic(nn.Module):
             features = fc(torch.cat(features, dim=1))
         return features.float()
 
-    def update_normalizers(self, obs: dict[str, torch.Tensor], max_samples: int = 256):
+    def update_normalizers(self, obs: dict[str, torch.Tensor], max_samples: int | None = 256,
+                           rows: torch.Tensor | None = None):
         """Learner only: fold a batch [N, ...] of observations into the input statistics, from a random
         `max_samples` rows: enough for running statistics, at a fraction of the learner's time (a batch
-        of 512 Doom frames is 14 M values)."""
+        of 512 Doom frames is 14 M values); with max_samples None, every row where `rows` [N] is
+        nonzero (all of them without it)."""
         if self.normalize_input:
             for key, normalizer in self.obs_normalizers.items():
                 x = obs[key]
-                if x.shape[0] > max_samples:
+                if max_samples is not None and x.shape[0] > max_samples:
                     x = x[torch.randint(x.shape[0], (max_samples,), device=x.device)]
-                normalizer.update(x, 1.0 / 255.0 if x.dtype == torch.uint8 else 1.0)
+                normalizer.update(x, 1.0 / 255.0 if x.dtype == torch.uint8 else 1.0,
+                                  rows=rows if max_samples is None else None)
 
     def values_to_returns(self, values: torch.Tensor) -> torch.Tensor:
         """The value head's output in return units (it predicts normalised returns if asked to)."""
@@ -831,30 +877,68 @@ def sgd_update(model: ActorCritic, optimizer: torch.optim.Optimizer, batch: dict
                policy_version: int, cfg) -> tuple[dict, torch.Tensor]:
     """One training iteration on a batch [T+1, B, ...]: the input statistics (and with GAE the
     batch's targets, see gae_targets), then --num_epochs passes over the batch, each in
-    --num_batches_per_epoch minibatches of whole trajectories (V-trace runs along a trajectory,
-    and each starts from its own saved RNN state), one optimiser step each. Every statistic
+    --num_batches_per_epoch minibatches (minibatches), one optimiser step each. Every statistic
     counts the batch once: the return statistics take GAE's targets before the first step,
-    V-trace's after each minibatch's step in the first epoch. Returns (the last step's aux from
-    appo_loss with its gradient norm, for loss_stats; the steps skipped at a non-finite loss or
-    gradient, a 0-dim tensor)."""
-    model.update_normalizers({key: trajectory_major(batch[key]) for key in model.encoders})
-    trajectories = batch["done"].shape[1]
-    size = trajectories // cfg.num_batches_per_epoch  # --batch_size / --rollout for a whole iteration
-    # contiguous ranges: views of the trajectory-major batch, no copies
-    minibatches = [slice(start, start + size) for start in range(0, trajectories, size)]
+    V-trace's after each minibatch's step in the first epoch; the input statistics (--input_stats)
+    a sample of the batch before the first step, or every valid step after the last. Returns (the
+    last step's aux from appo_loss with its gradient norm, for loss_stats; the steps skipped at a
+    non-finite loss or gradient, a 0-dim tensor)."""
+    if cfg.input_stats == "sampled_before_sgd":
+        model.update_normalizers({key: trajectory_major(batch[key]) for key in model.encoders})
     if not cfg.with_vtrace:
         batch = {**batch, **gae_targets(model, batch, policy_version, cfg)}
         fold_returns(model, batch["target"], loss_mask(steps_of(batch), policy_version, cfg)[0])
-    schedule = [(epoch, rows) for epoch in range(cfg.num_epochs) for rows in minibatches]
     skipped = torch.zeros((), device=batch["done"].device)
-    for epoch, rows in schedule:
-        minibatch = batch if size == trajectories else {key: value[:, rows] for key, value in batch.items()}
-        loss, aux = appo_loss(model, minibatch, policy_version, cfg)
-        grad_norm, step_skipped = optimizer_step(model, optimizer, loss, cfg)
-        skipped += step_skipped
-        if cfg.with_vtrace and epoch == 0:
-            fold_returns(model, aux["returns"], aux["mask"])
+    for epoch in range(cfg.num_epochs):
+        for minibatch in minibatches(batch, cfg):
+            loss, aux = appo_loss(model, minibatch, policy_version, cfg)
+            grad_norm, step_skipped = optimizer_step(model, optimizer, loss, cfg)
+            skipped += step_skipped
+            if cfg.with_vtrace and epoch == 0:
+                fold_returns(model, aux["returns"], aux["mask"])
+    if cfg.input_stats == "all_after_sgd":
+        steps = steps_of(batch)
+        model.update_normalizers({key: trajectory_major(steps[key]) for key in model.encoders}, max_samples=None,
+                                 rows=trajectory_major(steps["valid"]))
     return {**aux, "grad_norm": grad_norm}, skipped
+
+
+def minibatches(batch: dict[str, torch.Tensor], cfg) -> list[dict[str, torch.Tensor]]:
+    """One epoch's minibatches of a batch [T+1, B, ...]. By default whole trajectories, the same
+    contiguous ranges every epoch (views of the trajectory-major batch, no copies).
+
+    --shuffle_minibatches draws a new partition every epoch. Where nothing runs along a trajectory
+    (no recurrent core, GAE's targets computed for the whole batch: single_step_minibatches), of
+    single steps across the batch, as SB3 and CleanRL do: each minibatch is then one pseudo-trajectory
+    [n+1, 1] of its n steps, whose last row (a copy of the n-th) only stands where appo_loss expects
+    the bootstrap observation, which GAE's targets no longer need. Otherwise (V-trace, an RNN) of
+    whole trajectories in a new order."""
+    trajectories = batch["done"].shape[1]
+    size = trajectories // cfg.num_batches_per_epoch  # --batch_size / --rollout for a whole iteration
+    if not cfg.shuffle_minibatches:
+        if size == trajectories:
+            return [batch]
+        return [{key: value[:, start:start + size] for key, value in batch.items()}
+                for start in range(0, trajectories, size)]
+    if not single_step_minibatches(cfg):
+        order = torch.randperm(trajectories, device=batch["done"].device)
+        return [{key: value.index_select(1, rows) for key, value in batch.items()} for rows in order.split(size)]
+    horizon = batch["done"].shape[0]  # T + 1
+    order = torch.randperm((horizon - 1) * trajectories, device=batch["done"].device)
+    chunks = []
+    for rows in order.split(cfg.batch_size):
+        chunk = {}
+        for key, value in batch.items():
+            if key == "rnn_state":  # no recurrent core: a state nothing reads
+                chunk[key] = value[:, :1]
+                continue
+            steps = value[:horizon - 1] if value.shape[0] == horizon else value  # [T, B, ...]; targets are [T, B]
+            picked = steps.reshape(-1, *steps.shape[2:]).index_select(0, rows)
+            if value.shape[0] == horizon:
+                picked = torch.cat([picked, picked[-1:]])
+            chunk[key] = picked.unsqueeze(1)
+        chunks.append(chunk)
+    return chunks
 
 
 def fold_returns(model: ActorCritic, returns: torch.Tensor, mask: torch.Tensor):
@@ -1155,6 +1239,12 @@ def samples_per_iteration(cfg) -> int:
     return cfg.batch_size * cfg.num_batches_per_epoch
 
 
+def single_step_minibatches(cfg) -> bool:
+    """--shuffle_minibatches with nothing that runs along a trajectory in training (no recurrent
+    core, GAE): minibatches of single steps, --batch_size of them, which need not be whole rollouts."""
+    return cfg.shuffle_minibatches and cfg.rnn_type == "none" and not cfg.with_vtrace
+
+
 def trajectories_per_batch(cfg) -> int:
     """The learner's batch is whole trajectories of --rollout steps, one per slot (config_errors
     checks that --rollout divides --batch_size)."""
@@ -1252,9 +1342,15 @@ def config_errors(cfg: argparse.Namespace) -> list[str]:
     elif cfg.num_envs_per_worker % cfg.worker_num_splits:
         errors.append(f"--num_envs_per_worker {cfg.num_envs_per_worker} is not divisible by "
                       f"--worker_num_splits {cfg.worker_num_splits}: make it a multiple")
-    if cfg.rollout > cfg.batch_size:
+    if single_step_minibatches(cfg):
+        if samples_per_iteration(cfg) % cfg.rollout:
+            errors.append(f"--batch_size {cfg.batch_size} x --num_batches_per_epoch {cfg.num_batches_per_epoch} "
+                          f"samples an iteration is not a multiple of --rollout {cfg.rollout} (the learner takes whole "
+                          "trajectories): change one of them")
+    elif cfg.rollout > cfg.batch_size:
         errors.append(f"--rollout {cfg.rollout} is larger than --batch_size {cfg.batch_size}: "
-                      "lower --rollout or raise --batch_size")
+                      "lower --rollout or raise --batch_size (or minibatches of single steps: --shuffle_minibatches "
+                      "with --rnn_type none and --no-with_vtrace)")
     elif cfg.batch_size % cfg.rollout:
         errors.append(f"--batch_size {cfg.batch_size} is not a multiple of --rollout {cfg.rollout} (a minibatch "
                       f"is whole trajectories): use e.g. --batch_size {cfg.batch_size // cfg.rollout * cfg.rollout}")
@@ -2099,6 +2195,7 @@ class Actor:
         self.env_id, self.agent, self.policy_id, self.fields = env_id, agent, policy_id, fields
         self.slot, self.step = -1, 0
         self.reward_shaping_version = -1  # version of its policy's hyperparameters the env applies
+        self.reward_scaler: RewardScaler | None = None  # --scale_rewards
         # the policy version that acted the first step of its last handed-off slot, and how many in a row it acted
         self.handed_version, self.handed_count = -1, 0
 
@@ -2352,6 +2449,8 @@ class RolloutWorker:
                     group = groups.of_agent[agent]
                     policy = self.draw_group_policy(group) if pinned is None else pinned[agent]
                     self.actors.append(Actor(i, agent, policy, self.group_fields[group]))
+                    if cfg.scale_rewards:
+                        self.actors[-1].reward_scaler = RewardScaler(cfg.gamma)
         except BaseException:  # a failed env or a stop request: close the envs made so far
             self.close()
             raise
@@ -2511,7 +2610,10 @@ class RolloutWorker:
             frames += self.cfg.env_frameskip * len(env_actors)  # every agent's frames, as the learner counts them
             for actor in env_actors:
                 agent = actor.agent
-                self.record_step(actor, obs[agent], rewards[agent], dones[agent] and not cuts[agent], cuts[agent],
+                reward = rewards[agent]
+                if actor.reward_scaler is not None:
+                    reward = actor.reward_scaler(reward, episode_ended=dones[agent])
+                self.record_step(actor, obs[agent], reward, dones[agent] and not cuts[agent], cuts[agent],
                                  infos[agent])
                 if actor.step == self.cfg.rollout and not self.finish_slot(actor):
                     return False
@@ -4085,6 +4187,10 @@ def run_training(cfg, watch) -> TrainResult:
             extras.append(extra(run))
         if cfg.rank == 0:  # under torchrun, rank 0 writes config, summaries and checkpoints
             print(f"the learner's recurrent core: {SegmentRNN.path(model)}", flush=True)
+            if cfg.shuffle_minibatches:
+                print("minibatches: " + ("single steps, shuffled across the batch every epoch"
+                                         if single_step_minibatches(cfg) else "whole trajectories (V-trace or the RNN "
+                                         "runs along them), shuffled every epoch"), flush=True)
             save_config(cfg)
         run.start = last_report = time.monotonic()
         workers.start_all()
