@@ -3094,7 +3094,9 @@ class SegmentRNN:
     def for_model(cls, model: nn.Module) -> "SegmentRNN | None":
         """One for `model` where it computes the model's own core_over_rollout (torch's own cell under
         the model's core_step: checked on random inputs, so an edit of either keeps the loop); else
-        None, and the model's loop trains."""
+        None, and the model's loop trains. The check compares the gradients too, of the features and
+        of every parameter: an edit of core_step that adds nothing at the start (a skip or an adapter
+        initialised to zero) gives the loop's outputs, but only the loop trains its weights."""
         if not hasattr(model, "core_over_rollout") or type(getattr(model, "core", None)) not in (nn.GRUCell,
                                                                                                 nn.LSTMCell):
             return None
@@ -3106,15 +3108,23 @@ class SegmentRNN:
         state = torch.randn(batch, cell.hidden_size * (2 if segments.lstm else 1), generator=generator)
         device = cell.weight_ih.device
         segments.use(dones.to(device), dones.numpy())
+        features, state = features.to(device).requires_grad_(), state.to(device)
+        wrt = [features, *(p for p in model.parameters() if p.requires_grad)]
         try:
-            with torch.no_grad():
-                ours = segments(features.to(device), state.to(device), segments.dones)
-                loops = segments.loop(features.to(device), state.to(device), segments.dones)
+            ours, loops = segments(features, state, segments.dones), segments.loop(features, state, segments.dones)
+            if ours.shape != loops.shape or not torch.allclose(ours, loops, rtol=1e-4, atol=1e-5):
+                return None
+            upstream = torch.randn(ours.shape, generator=generator).to(device)
+            gradients = [torch.autograd.grad(outputs, wrt, upstream, allow_unused=True) for outputs in (ours, loops)]
         except Exception:  # a core_step that wants another state layout, say
             return None
         finally:
             segments.use(None, None)
-        return segments if ours.shape == loops.shape and torch.allclose(ours, loops, rtol=1e-4, atol=1e-5) else None
+        for a, b, of in zip(*gradients, wrt):
+            if not torch.allclose(torch.zeros_like(of) if a is None else a, torch.zeros_like(of) if b is None else b,
+                                  rtol=1e-4, atol=1e-5):
+                return None
+        return segments
 
     def install(self) -> "SegmentRNN":
         object.__setattr__(self.model, "core_over_rollout", self)

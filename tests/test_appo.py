@@ -550,6 +550,34 @@ def test_a_cell_of_ones_own_acts_and_trains_through_its_own_code_and_keeps_the_m
     assert appo.SegmentRNN.for_model(edited) is None
 
 
+class ZeroSkip(appo.ActorCritic):
+    """A fork's core_step edit that adds nothing at the start: a learned skip around the GRU, its
+    weights zero (an adapter's usual start), so the outputs are the plain GRU's until it trains."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.skip = torch.nn.Linear(self.core.input_size, self.core.hidden_size)
+        torch.nn.init.zeros_(self.skip.weight)
+        torch.nn.init.zeros_(self.skip.bias)
+
+    def core_step(self, features, rnn_state):
+        output, next_state = super().core_step(features, rnn_state)
+        return output + self.skip(features), next_state
+
+
+def test_a_zero_initialised_skip_in_core_step_keeps_the_loop_so_its_weights_train(tmp_path, monkeypatch):
+    """SegmentRNN computes the cell alone: its outputs equal the loop's while the skip is zero, but
+    it never calls core_step, so the skip would get no gradient, ever. Its check compares gradients
+    too, and the loop trains the skip."""
+    cfg = small_cfg(train_dir=str(tmp_path), rnn_type="gru")
+    assert appo.SegmentRNN.for_model(appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, cfg)) is not None
+    monkeypatch.setattr(appo, "ActorCritic", ZeroSkip)  # the learner builds the fork's model
+    learner = appo.Learner(0, cfg, outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS)), (IMAGE_AND_VECTOR, TWO_HEADS))
+    assert learner.segments is None and "own core_over_rollout" in appo.SegmentRNN.path(learner.model)
+    learner.sgd_step(fake_batch(IMAGE_AND_VECTOR, TWO_HEADS, cfg, 6, 4))
+    assert learner.model.skip.weight.abs().sum() > 0  # it trained
+
+
 def test_a_learner_trains_a_model_without_a_recurrent_core_or_core_over_rollout(tmp_path, monkeypatch):
     """A replacement model that keeps only the documented contract (no core, no core_over_rollout)
     starts and trains: the learner reaches for SegmentRNN only where the model holds torch's own
