@@ -227,7 +227,8 @@ def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
         if env_name in SF_SCENARIO_FILES:  # the folder is this machine's; the key names whose files
             config["scenario_files"] = "sample_factory"
     elif trainer == "sb3":
-        entry, hyperparams = zoo_hyperparams(args.sb3_python, gym_id(env_name))
+        entry, hyperparams = (given_hyperparams(args.sb3_hyperparams) if args.sb3_hyperparams
+                              else zoo_hyperparams(args.sb3_python, gym_id(env_name)))
         config.update(zoo_entry=entry, hyperparams=hyperparams, threads=os.cpu_count(),
                       setup=code_hash([os.path.join(REPO, "scripts", "setup_sb3.sh")]))
     else:
@@ -259,6 +260,13 @@ def zoo_hyperparams(sb3_python: str | None, env_id: str) -> tuple[str, dict]:
     if entry is None:
         raise SystemExit(f"error: rl-zoo3 has no PPO hyperparameters for {env_id} or another version of it")
     return entry, zoo[entry]
+
+
+def given_hyperparams(path: str) -> tuple[str, dict]:
+    """--sb3_hyperparams: a JSON file of rl-zoo3 hyperparameters that replaces the zoo's entry whole
+    (a crossover: SB3 at another trainer's settings); (its name, as the entry, and the settings)."""
+    with open(path) as f:
+        return f"given: {os.path.basename(path)}", json.load(f)
 
 
 def zoo_entry_for(zoo: dict, env_id: str) -> str | None:
@@ -949,7 +957,8 @@ def run_configuration(run: dict) -> str:
     if config["trainer"] == "appo":
         return f"{' '.join(config.get('extra_flags', [])) or 'defaults'}, code {config.get('code', '-')[:8]}"
     if config["trainer"] == "sb3":
-        return f"rl-zoo3's {config['zoo_entry']} entry"
+        entry = config["zoo_entry"]
+        return f"hyperparameters {entry.removeprefix('given: ')}" if entry.startswith("given: ") else f"rl-zoo3's {entry} entry"
     return config.get("sf_config", "published")
 
 
@@ -1041,6 +1050,9 @@ def parse_args(argv=None):
     parser.add_argument("--sb3_python", default=None,
                         help="Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes it); needed for its runs")
     parser.add_argument("--sb3_seeds", type=int, default=None, help="seeds of SB3 per gym: env (default: SB3_SEEDS)")
+    parser.add_argument("--sb3_hyperparams", default=None,
+                        help="a JSON file of rl-zoo3 hyperparameters to run SB3 with instead of the zoo's entry for the "
+                             "env (part of the saved configuration), e.g. docs/bench/gym_crossover/sb3_at_appo_defaults.json")
     parser.add_argument("--sf_python", default=None,
                         help="Sample Factory's interpreter (scripts/setup_sample_factory.sh makes it); needed for "
                              "its runs and the task check")

@@ -43,7 +43,7 @@ def probe(checkpoint_path: str, episodes: int, deterministic: bool, seed: int) -
     model = appo.ActorCritic(obs_space, action_space, cfg).eval()
     model.load_state_dict(checkpoint["model"])
     pitch_at, speed_at = POSTURE.get(env_name.removeprefix("gym:"), (None, None))
-    returns, raw_actions, pitches, speeds = [], [], [], []
+    returns, raw_actions, pitches, speeds, episode_starts = [], [], [], [], [0]
     rnn_state = torch.zeros(1, appo.rnn_state_size(cfg))
     obs = env.reset()
     with torch.no_grad():
@@ -61,6 +61,7 @@ def probe(checkpoint_path: str, episodes: int, deterministic: bool, seed: int) -
             if "true_return" in infos[0]:
                 returns.append(float(infos[0]["true_return"]))
             if dones[0]:
+                episode_starts.append(len(pitches))
                 obs = env.reset()
                 rnn_state.zero_()
     env.close()
@@ -79,7 +80,9 @@ def probe(checkpoint_path: str, episodes: int, deterministic: bool, seed: int) -
         report["upside_down"] = round(float((np.cos(pitch) < 0).mean()), 3)
         report["mean_cos_pitch"] = round(float(np.cos(pitch).mean()), 3)
         report["forward_speed"] = round(float(np.mean(speeds)), 3)
-        report["pitch_turns"] = round(float((pitch[-1] - pitch[0]) / (2 * math.pi)), 2)  # whole somersaults
+        # how far over each game's torso went (the pitch hinge is unbounded: 360 is a whole somersault)
+        report["max_abs_pitch_deg"] = [round(math.degrees(float(np.abs(pitch[start:end]).max())))
+                                       for start, end in zip(episode_starts, episode_starts[1:]) if end > start]
     return report
 
 

@@ -1039,3 +1039,19 @@ def test_learning_mds_sb3_table_read_at_equal_seconds_is_what_the_saved_runs_say
     table = bench.equal_seconds_table()
     assert len(table.splitlines()) == 2 + 4  # the SB3 table's four envs
     assert f"--results_dir docs/bench/gym_sb3_4m\n\n{table}\n\n" in text
+
+
+def test_sb3_can_run_at_given_hyperparameters_which_enter_its_saved_configuration():
+    """The crossover (issue 95): SB3 at appo.py's gym defaults, from a JSON file that replaces the zoo's
+    entry whole; the file's settings are the configuration, so its runs never pass for the zoo's."""
+    path = os.path.join(REPO, "docs", "bench", "gym_crossover", "sb3_at_appo_defaults.json")
+    args = bench.parse_args(["--envs", "gym:HalfCheetah-v5", "--trainers", "sb3", "--report_only",
+                             "--sb3_hyperparams", path])
+    config = bench.run_config(args, "sb3", "gym:HalfCheetah-v5", 1)
+    with open(path) as f:
+        given = json.load(f)
+    assert config["hyperparams"] == given and config["zoo_entry"] == "given: sb3_at_appo_defaults.json"
+    assert (given["n_envs"], given["n_steps"], given["batch_size"], given["n_epochs"]) == (4, 256, 256, 2)  # appo.py's 1,024
+    assert bench.run_configuration({"config": config}) == "hyperparameters sb3_at_appo_defaults.json"
+    zoo_args = bench.parse_args(["--envs", "gym:HalfCheetah-v5", "--trainers", "sb3", "--report_only"])
+    assert bench.config_key(bench.run_config(zoo_args, "sb3", "gym:HalfCheetah-v5", 1)) != bench.config_key(config)
