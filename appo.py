@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import typing
 import uuid
 import zlib
@@ -449,7 +450,37 @@ CONV_ENCODERS = {  # --encoder's choices and help come from here
     "resnet": ConvEncoder(impala_resnet, nn.ReLU, "the IMPALA paper's deep encoder (3 stages of conv, max-pool and "
                                                   "2 residual blocks, 16/32/32 channels, ReLU), the paper's choice for "
                                                   "DMLab"),
+    "convnet_small": ConvEncoder(plain_convnet([(16, 2, 1), (32, 2, 1), (64, 2, 1)], nn.ReLU), nn.ReLU,
+                                 "for small images from 4x4, such as MiniGrid's 7x7 views (three 2x2 convs, 16/32/64 "
+                                 "channels, ReLU: rl-starter-files' MiniGrid encoder without its max-pool)"),
 }
+
+
+def encoder_errors(obs_space: spaces.Space, cfg) -> list[str]:
+    """--encoder against the sizes of the images it is to see: one line each that it does not fit,
+    with the smallest square image it takes (its convs' kernels and strides leave nothing)."""
+    errors = []
+    for key, (shape, _) in obs_shapes(obs_space).items():
+        if len(shape) != 3 or key == ACTION_MASK:
+            continue
+        with torch.random.fork_rng(devices=[]):  # its weights are drawn from nothing the run draws from
+            encoder = CONV_ENCODERS[cfg.encoder].build(shape[0])
+        if fits(encoder, shape):
+            continue
+        smallest = next((side for side in range(1, 257) if fits(encoder, (shape[0], side, side))), None)
+        needs = f"it needs at least {smallest}x{smallest}" if smallest else "it fits no image up to 256x256"
+        errors.append(f"--encoder {cfg.encoder} does not fit observation '{key}', images of {shape[1]}x{shape[2]} "
+                      f"({needs}): use --encoder convnet_small, made for small images")
+    return errors
+
+
+def fits(encoder: nn.Module, shape: tuple[int, ...]) -> bool:
+    with torch.no_grad():
+        try:
+            encoder(torch.zeros(1, *shape))
+            return True
+        except RuntimeError:
+            return False
 
 
 def register_encoder(name: str, build: Callable[[int], nn.Module], activation: type[nn.Module] = nn.ReLU,
@@ -4168,11 +4199,22 @@ def run_training(cfg, watch) -> TrainResult:
         print_errors(errors)
         return TrainResult(exit_code=2)
     groups = agent_groups(cfg, probe.agent_spaces, probe.agent_names)[0]
-    model = ActorCritic(*groups.policy_spaces(0), cfg)
-    errors = acting_errors(model, groups.policy_spaces(0)[0], cfg) + optimizer_errors(model, cfg)
-    for obs_space, action_space in groups.spaces[1:]:  # with a fork's acting fields, each group's model
-        with torch.random.fork_rng(devices=[]):  # the run's weights are drawn as without groups
-            errors += acting_errors(ActorCritic(obs_space, action_space, cfg), obs_space, cfg)
+    errors = [error for obs_space, _ in groups.spaces for error in encoder_errors(obs_space, cfg)]
+    if errors:
+        print_errors(list(dict.fromkeys(errors)))
+        return TrainResult(exit_code=2)
+    try:  # every group's model, before anything starts: an edit that cannot build is one line here
+        model = ActorCritic(*groups.policy_spaces(0), cfg)
+        errors = acting_errors(model, groups.policy_spaces(0)[0], cfg) + optimizer_errors(model, cfg)
+        for obs_space, action_space in groups.spaces[1:]:  # with a fork's acting fields, each group's model
+            with torch.random.fork_rng(devices=[]):  # the run's weights are drawn as without groups
+                errors += acting_errors(ActorCritic(obs_space, action_space, cfg), obs_space, cfg)
+    except Exception as error:
+        origin = traceback.extract_tb(error.__traceback__)[-1]
+        print(f"error: the model for {cfg.env} could not be built ({type(error).__name__} at "
+              f"{os.path.basename(origin.filename)}:{origin.lineno}: {str(error).splitlines()[0] if str(error) else ''})",
+              file=sys.stderr)
+        return TrainResult(exit_code=2)
     if errors:
         print_errors(list(dict.fromkeys(errors)))
         return TrainResult(exit_code=2)

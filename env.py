@@ -2054,7 +2054,10 @@ def make_gym_env(name: str, cfg=None, env_index: int = 0, render_mode: str | Non
     kwargs = json.loads(getattr(cfg, "env_kwargs", None) or "{}")
     if render_mode is not None:  # only when asked: an env of the user's may not take the argument
         kwargs["render_mode"] = render_mode
-    env = GymObservations(gym.make(name[len("gym:"):], **kwargs))
+    env = gym.make(name[len("gym:"):], **kwargs)
+    if getattr(cfg, "obs_keys", None):  # the Dict keys appo.py is to see (MiniGrid's text mission left out, say)
+        env = gym.wrappers.FilterObservation(env, cfg.obs_keys)
+    env = GymObservations(env)
     stats = env = GameStatsRecorder(env, frames_per_step=1)  # one frame per step: no frameskip here
     return TrainerInterface(env, stats, seed=_run_seed(cfg, env_index))
 
@@ -2076,6 +2079,9 @@ def add_gym_flags(group) -> None:
     group.add_argument("--env_kwargs", default=None,
                        help="gym:<id> and pz: envs: keyword arguments for gymnasium.make or the pz: factory, "
                             'as JSON, e.g. \'{"continuous": true}\'')
+    group.add_argument("--obs_keys", nargs="+", default=None,
+                       help="gym:<id> envs that observe a Dict: the keys the model sees, the others left out "
+                            "(MiniGrid: --obs_keys image direction, without its text mission)")
 
 
 def gym_flag_errors(cfg) -> list[str]:
@@ -2112,20 +2118,50 @@ GYM_VECTOR_DEFAULTS = {
 GYM_IMAGE_DEFAULTS = {"env_frameskip": 1, "gamma": DEFAULT_GAMMA, **GYM_TIME_LIMITS}
 
 
+# Images smaller than this on a side get --encoder convnet_small: appo.py's default encoder,
+# convnet_simple (kernels 8, 4, 3 at strides 4, 2, 2), needs 36x36 (appo.encoder_errors says so).
+SMALL_IMAGE_SIDE = 36
+
+
+# gym: envs that observe images under SMALL_IMAGE_SIDE (MiniGrid's 7x7 views): rl-starter-files'
+# MiniGrid PPO (scripts/train.py's defaults: a small conv encoder, no memory, 2,048 frames an update
+# in 4 epochs of minibatches of 256, lr 1e-3, entropy 0.01, grad clip 0.5, GAE 0.95, clip 0.2), with
+# --normalize_input added: appo.py scales uint8 images by 1/255, and MiniGrid's cells are small
+# integers (object, colour, state), which that scale would leave at a few hundredths.
+GYM_SMALL_IMAGE_DEFAULTS = {
+    **GYM_IMAGE_DEFAULTS, "encoder": "convnet_small", "rnn_type": "none", "with_vtrace": False,
+    "batch_size": 256, "num_batches_per_epoch": 8, "num_epochs": 4, "learning_rate": 0.001,
+    "exploration_loss_coeff": 0.01, "max_grad_norm": 0.5, "ppo_clip_ratio": 0.2, "gae_lambda": 0.95,
+    "normalize_input": True,
+}
+
+
+def _gym_defaults(name: str) -> dict:
+    """The gym: family's rule: vector observations get its vector defaults, images appo.py's own,
+    and images too small for appo.py's default encoder (MiniGrid's 7x7 views) the small-image ones."""
+    side = _gym_smallest_image_side(name)
+    if side is None:
+        return GYM_VECTOR_DEFAULTS
+    return GYM_SMALL_IMAGE_DEFAULTS if side < SMALL_IMAGE_SIDE else GYM_IMAGE_DEFAULTS
+
+
 @functools.lru_cache(maxsize=None)
-def _gym_observes_images(name: str) -> bool:
-    """Does gym:<id> observe images (an H x W x C uint8 Box, alone or in a Dict)? Its registry
-    entry does not say, so one env is made and closed; one that cannot be made counts as a vector
-    env (the family's problem check names what is wrong)."""
+def _gym_smallest_image_side(name: str) -> int | None:
+    """The smallest side of the images gym:<id> observes (an H x W x C uint8 Box, alone or in a
+    Dict), None where it observes none. Its registry entry does not say, so one env is made and
+    closed; one that cannot be made counts as a vector env (the family's problem check names what
+    is wrong)."""
     try:
         env = gym.make(name[len("gym:"):])
     except Exception:
-        return False
+        return None
     try:
         space = env.observation_space
     finally:
         env.close()
-    return _any_subspace(space, _is_image_space)
+    subspaces = space.spaces.values() if isinstance(space, spaces.Dict) else [space]
+    sides = [min(subspace.shape[:2]) for subspace in subspaces if _is_image_space(subspace)]
+    return min(sides) if sides else None
 
 
 def _any_subspace(space: spaces.Space, test: Callable[[spaces.Box], bool]) -> bool:
@@ -2141,11 +2177,11 @@ GYM = Family(
     known=("gym:<id> (any registered Gymnasium env)",),
     names_help="gym:<id> for any registered Gymnasium env (e.g. gym:CartPole-v1; gym:<module>:<id> imports <module> first)",
     problem=_gym_problem,
-    flag_defaults=lambda name: GYM_IMAGE_DEFAULTS if _gym_observes_images(name) else GYM_VECTOR_DEFAULTS,
+    flag_defaults=_gym_defaults,
     game_fps=_gym_game_fps,
     add_flags=add_gym_flags,
     flag_errors=gym_flag_errors,
-    trained_flags=("env_kwargs",),
+    trained_flags=("env_kwargs", "obs_keys"),
 )
 
 
@@ -2168,10 +2204,15 @@ class ObservationConverter:
 
     def __init__(self, space: spaces.Space):
         subspaces = space.spaces if isinstance(space, spaces.Dict) else {None: space}
+        takes = (spaces.Box, spaces.MultiBinary, spaces.Discrete)
         for key, subspace in subspaces.items():
-            if not isinstance(subspace, (spaces.Box, spaces.MultiBinary, spaces.Discrete)):
-                raise ValueError(f"observation {key or ''} is {subspace}: appo.py takes Box observations "
-                                 "(images or vectors), MultiBinary or Discrete ones, or a Dict of them")
+            if not isinstance(subspace, takes):
+                usable = [name for name, other in subspaces.items() if isinstance(other, takes)]
+                fix = (f"keep the others with --obs_keys {' '.join(usable)} (gym: envs)" if key is not None and usable
+                       else "give the env a wrapper that observes a Box (docs/fork.md: bring your own env)")
+                raise ValueError(f"observation {repr(key) + ' ' if key else ''}is a {type(subspace).__name__}, which "
+                                 "appo.py cannot encode (it takes Box observations, images or vectors, MultiBinary "
+                                 f"or Discrete ones, or a Dict of them): {fix}")
         self._subspaces = subspaces
         converted = {key: _trainer_space(subspace) for key, subspace in subspaces.items()}
         self.space = spaces.Dict(converted) if None not in converted else converted[None]

@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 
@@ -26,10 +27,10 @@ import env as envs  # noqa: E402
 from appo import random_action  # noqa: E402
 
 
-def play(env_name: str, episodes: int, seed: int) -> tuple[list[float], list[int]]:
+def play(env_name: str, episodes: int, seed: int, obs_keys: list[str] | None = None) -> tuple[list[float], list[int]]:
     """The true_return of `episodes` finished games (each agent's game counts once), and the
     group of the agent each return is of (appo.py's groups: agents with the same spaces)."""
-    env = envs.create_env(env_name, None, env_index=0)
+    env = envs.create_env(env_name, types.SimpleNamespace(obs_keys=obs_keys) if obs_keys else None, env_index=0)
     agent_spaces = envs.get_agent_spaces(env)
     groups = envs.space_groups(agent_spaces)[1]
     action_spaces = [env.action_space] * len(agent_spaces)
@@ -67,12 +68,13 @@ def main(argv=None):
     parser.add_argument("--episodes", type=int, default=300, help="finished games to average")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the result to this file")
+    parser.add_argument("--obs_keys", nargs="+", default=None, help="as appo.py's: the Dict keys the env keeps")
     args = parser.parse_args(argv)
     problem = envs.env_error(args.env)
     if problem:
         parser.error(f"env: {problem}")
     started = time.time()
-    returns, of_group = play(args.env, args.episodes, args.seed)
+    returns, of_group = play(args.env, args.episodes, args.seed, args.obs_keys)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     result = {"env": args.env, "episodes": len(returns), "seed": args.seed, "commit": commit or "unknown",
