@@ -10,7 +10,7 @@ to the learner, which trains on it and publishes new weights. Queues carry slot 
 The file reads in the order data flows (docs/architecture.md has the diagram); each section's header
 begins with its name:
 
-    CONFIG: the research flags  model, algorithm, optimizer; the ENV HOOK   <- edit here
+    CONFIG: the research flags  model, algorithm, optimizer; ENV and MODEL HOOK <- edit here
     ALGO LOGIC: the model       encoders, core, action distributions        <- edit here
     ALGO LOGIC: the losses      V-trace, GAE, the PPO objective             <- edit here
     PLUMBING: config            the other flags, derived sizes, every check, before anything starts
@@ -21,7 +21,7 @@ begins with its name:
     EXTRAS: reporting, multi-node (torchrun), population-based training, evaluation
     main
 
-To fork: search for "ALGO LOGIC" (the model and the loss) and "ENV HOOK" (where envs are made).
+To fork: search for "ALGO LOGIC" (the model and the loss) and "HOOK" (where envs and models are made).
 Each EXTRAS block is one optional part with its own flags and checks, attached at the runner's
 and the learner's moments (class Extra); delete a block, its `EXTRAS.append` line last in it,
 and the trainer runs without it (tests/test_extras.py does that for each).
@@ -191,6 +191,12 @@ def make_env(cfg, env_index: int, render_mode: str | None = None) -> Agents:
     """ENV HOOK: every env the trainer steps is made here (env.py's create_env: add yours with
     env.register_env)."""
     return Agents(envs.create_env(cfg.env, cfg, env_index=env_index, render_mode=render_mode))
+
+
+def make_model(obs_space: spaces.Space, action_space: spaces.Space, cfg) -> "ActorCritic":
+    """MODEL HOOK: every model the trainer builds is made here, for the learner, the policy workers,
+    the checks before a run starts and evaluation alike (a model of your own: return it here)."""
+    return ActorCritic(obs_space, action_space, cfg)
 
 
 # =============================================================================================
@@ -1895,7 +1901,7 @@ def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
     weights, resumed_frames, starts = [], 0, init_policies(cfg)
     for policy_id in range(cfg.num_policies):
         # version 0, which the learner starts from too: weights of its own per policy, drawn from the run's seed
-        model = model if policy_id == 0 else ActorCritic(*groups.policy_spaces(policy_id), cfg)
+        model = model if policy_id == 0 else make_model(*groups.policy_spaces(policy_id), cfg)
         shared_weights = SharedWeights(model, weights_device)
         checkpoint = load_latest_checkpoint(cfg, policy_id)
         if checkpoint is None and policy_id in starts:  # version 0 is the named checkpoint's model
@@ -2828,7 +2834,7 @@ class PolicyWorker:
     def __init__(self, policy_id: int, cfg, shared: Shared, spaces_pair):
         self.device = torch.device(cfg.device)
         self.on_gpu = self.device.type == "cuda"
-        self.model = encoder_in_compute_dtype(ActorCritic(*spaces_pair, cfg).to(self.device).eval())
+        self.model = encoder_in_compute_dtype(make_model(*spaces_pair, cfg).to(self.device).eval())
         compiled_encoder(self.model, cfg, fixed_shapes=False)
         self.weights, self.requests = shared.weights[policy_id], shared.request_queues[policy_id]
         self.control = shared.slots.control
@@ -3262,7 +3268,7 @@ class Learner:
         # a copy: population-based training changes this policy's learning rate and exploration coefficient
         self.policy_id, self.cfg, self.shared = policy_id, argparse.Namespace(**vars(cfg)), shared
         self.device = torch.device(cfg.device)
-        self.model = compiled_encoder(ActorCritic(*spaces_pair, cfg).to(self.device), cfg, fixed_shapes=True)
+        self.model = compiled_encoder(make_model(*spaces_pair, cfg).to(self.device), cfg, fixed_shapes=True)
         self.optimizer = make_optimizer(self.model, cfg)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # the learner's shapes never change: tune the convolutions once
@@ -4204,11 +4210,11 @@ def run_training(cfg, watch) -> TrainResult:
         print_errors(list(dict.fromkeys(errors)))
         return TrainResult(exit_code=2)
     try:  # every group's model, before anything starts: an edit that cannot build is one line here
-        model = ActorCritic(*groups.policy_spaces(0), cfg)
+        model = make_model(*groups.policy_spaces(0), cfg)
         errors = acting_errors(model, groups.policy_spaces(0)[0], cfg) + optimizer_errors(model, cfg)
         for obs_space, action_space in groups.spaces[1:]:  # with a fork's acting fields, each group's model
             with torch.random.fork_rng(devices=[]):  # the run's weights are drawn as without groups
-                errors += acting_errors(ActorCritic(obs_space, action_space, cfg), obs_space, cfg)
+                errors += acting_errors(make_model(obs_space, action_space, cfg), obs_space, cfg)
     except Exception as error:
         origin = traceback.extract_tb(error.__traceback__)[-1]
         print(f"error: the model for {cfg.env} could not be built ({type(error).__name__} at "
@@ -5070,7 +5076,7 @@ def evaluate(cfg) -> int:
             if saved is None:
                 raise CheckpointError(f"no checkpoint in {checkpoint_dir(cfg, policy)} for --agent_policies' policy "
                                       f"{policy}: train the experiment with it first")
-            model = ActorCritic(*groups.policy_spaces(policy), cfg).eval()
+            model = make_model(*groups.policy_spaces(policy), cfg).eval()
             mismatch = checkpoint_mismatch(model, saved["model"])
             if mismatch:
                 raise CheckpointError(f"the checkpoint does not fit {cfg.env}'s model ({mismatch})")

@@ -77,7 +77,7 @@ def make_learner(cfg, spaces_pair, reward_shaping):
     specs = appo.rollout_buffer_specs(*spaces_pair, cfg)
     slots = appo.RolloutSlots(specs, num_slots=slots_per_batch, rollout=cfg.rollout, num_workers=1, num_splits=1)
     device = torch.device(cfg.device)
-    weights = appo.SharedWeights(appo.ActorCritic(*spaces_pair, cfg), device=device if device.type == "cuda" else None)
+    weights = appo.SharedWeights(appo.make_model(*spaces_pair, cfg), device=device if device.type == "cuda" else None)
     run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
     shared = types.SimpleNamespace(slots=slots, weights=[weights], run=run,
                                    hyperparams=appo.PolicyHyperparams(cfg, reward_shaping))

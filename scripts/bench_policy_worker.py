@@ -85,7 +85,7 @@ def measure(appo, batch: int, seconds: float, device: str, train_dir: str) -> di
     torch.manual_seed(1)
     doom_basic = (spaces.Box(0, 255, (3, 72, 128), np.uint8), spaces.Discrete(4))
     probe = appo.EnvProbe(doom_basic, num_agents=1, reward_shaping=None)
-    shared = appo.create_shared(cfg, appo.ActorCritic(*doom_basic, cfg), probe)
+    shared = appo.create_shared(cfg, appo.make_model(*doom_basic, cfg), probe)
     slots = shared.slots
     rng = np.random.default_rng(0)
     slots.arrays["obs"][:] = rng.integers(0, 256, slots.arrays["obs"].shape, dtype=np.uint8)

@@ -350,7 +350,7 @@ def measure_gpu_time(flags: list[str], seconds: float, inference_batch: int | No
             inference_batch = max(1, cfg.num_workers * cfg.num_envs_per_worker * num_agents // cfg.worker_num_splits)
             batch_source = ("assumed: one split of every worker (no mean batch from the ours leg; "
                             "give --inference_batch)")
-        model = appo.encoder_in_compute_dtype(appo.ActorCritic(*spaces_pair, cfg).to(device).eval())
+        model = appo.encoder_in_compute_dtype(appo.make_model(*spaces_pair, cfg).to(device).eval())
         obs = random_obs(model, spaces_pair, cfg, inference_batch, device)
         rnn_state = torch.zeros(inference_batch, appo.rnn_state_size(cfg), device=device)
         for _ in range(3):  # warm-up: allocations, cuDNN's choices

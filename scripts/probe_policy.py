@@ -40,7 +40,7 @@ def probe(checkpoint_path: str, episodes: int, deterministic: bool, seed: int) -
     if env.num_agents != 1:
         raise SystemExit(f"{env_name}: the probe plays single-agent envs")
     obs_space, action_space = env.agent_spaces[0]
-    model = appo.ActorCritic(obs_space, action_space, cfg).eval()
+    model = appo.make_model(obs_space, action_space, cfg).eval()
     model.load_state_dict(checkpoint["model"])
     pitch_at, speed_at = POSTURE.get(env_name.removeprefix("gym:"), (None, None))
     returns, raw_actions, pitches, speeds, episode_starts = [], [], [], [], [0]

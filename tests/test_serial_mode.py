@@ -144,3 +144,27 @@ def test_an_acting_field_of_the_wrong_width_is_refused_before_anything_starts(tm
     flags[flags.index("--env") + 1] = "gym:InvertedPendulum-v5"
     assert appo.main(flags) == 2
     assert "act() gives 'logits' of shape (2,) a step, acting_fields (1,)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_model_of_a_run_and_its_evaluation_is_made_by_make_model(tmp_path, monkeypatch):
+    """The model hook: a fork that returns a model of its own from make_model (here one with a buffer
+    more) gets it at every site, or the runner's checks, the learner, the policy worker's loading of
+    the published weights and evaluation's loading of the checkpoint would not agree on its keys."""
+    made = []
+
+    def make_model(obs_space, action_space, cfg):
+        model = appo.ActorCritic(obs_space, action_space, cfg)
+        model.register_buffer("fork_marker", torch.tensor(7.0))
+        made.append(model)
+        return model
+
+    monkeypatch.setattr(appo, "make_model", make_model)
+    flags = ["--env", "gym:CartPole-v1", "--train_dir", str(tmp_path), "--experiment", "hook", "--seed", "1"]
+    assert appo.main([*flags, "--serial_mode", "--num_workers", "1", "--train_for_env_steps", "2048"]) == 0
+    assert len(made) >= 3  # the runner's check, the learner, the policy worker
+    path = sorted(glob.glob(str(tmp_path / "hook" / "checkpoint_p0" / "checkpoint_*.pth")))[-1]
+    assert float(torch.load(path, weights_only=True)["model"]["fork_marker"]) == 7.0
+    made.clear()
+    assert appo.main(["--mode", "eval", *flags, "--max_num_episodes", "1"]) == 0
+    assert len(made) == 1
