@@ -723,6 +723,16 @@ def acting_fields(action_dist: ActionDistribution) -> dict[str, tuple[tuple[int,
             "value": ((), np.dtype(np.float32))}  # behaviour policy's value estimate
 
 
+def env_fields(cfg) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Per-step values an env reports in its step's `info` that the loss reads, as slot fields: name
+    -> (shape, dtype) of a step. The rollout worker writes info[name] beside the step's reward (0
+    where an info lacks it: a step no env took, a game's reset), and the learner's batch holds it as
+    batch[name], [T+1, B, ...], and steps_of(batch)[name], [T, B, ...], masked by "valid" as every
+    field is. None here; a constrained policy's cost: {"cost": ((), np.dtype(np.float32))}
+    (docs/fork.md, "A per-step value from the env")."""
+    return {}
+
+
 # =============================================================================================
 # ALGO LOGIC (edit here): the losses (pure functions; tests import them) and the update
 # =============================================================================================
@@ -1710,6 +1720,7 @@ def rollout_buffer_specs(obs_space, action_space, cfg) -> dict[str, tuple[tuple[
         "truncated": ((), np.dtype(np.float32)),       # a time limit cut it here (done comes a step later)
         "policy_version": ((), np.dtype(np.int64)),    # SGD step of the weights that acted
         "valid": ((), np.dtype(np.float32)),           # 0: leave out of the loss
+        **env_fields(cfg),                              # what the env reports of a step in its info
     })
     return specs
 
@@ -2502,6 +2513,7 @@ class RolloutWorker:
         self.next_episode = [None] * len(self.envs)  # per env: its reset observations, a step after a cut
         self.past_policy = past_policy_id(cfg)
         self.has_reward_shaping = any(name.startswith("reward/") for name in shared.hyperparams.names)
+        self.env_field_names = list(env_fields(cfg))
         self.gate = SyncGate(cfg, self.split_actors, shared.run.learner_version,
                              num_agents=len(self.actors) // len(self.envs))
 
@@ -2692,8 +2704,8 @@ class RolloutWorker:
             slot, used, arrays = actor.slot, actor.step, actor.fields.arrays
             arrays["valid"][slot, used:] = 0.0
             arrays["done"][slot, used:] = 1.0     # nothing after the episode's end leaks into V-trace
-            arrays["truncated"][slot, used:] = 0.0
-            arrays["reward"][slot, used:] = 0.0
+            for name in ["truncated", "reward", *self.env_field_names]:  # what an env step writes
+                arrays[name][slot, used:] = 0
             arrays["actions"][slot, used:] = 0    # stale actions could be out of range for the heads
             arrays["policy_version"][slot, used:] = arrays["policy_version"][slot, used - 1]  # lag stats
             if not self.finish_slot(actor):
@@ -2718,6 +2730,8 @@ class RolloutWorker:
         step takes (UNTAKEN: out of the loss, done there); the new episode starts one position later."""
         arrays = actor.fields.arrays
         arrays["reward"][actor.slot, actor.step] = reward
+        for name in self.env_field_names:
+            arrays[name][actor.slot, actor.step] = info.get(name, 0)
         arrays["done"][actor.slot, actor.step] = float(done)
         arrays["truncated"][actor.slot, actor.step] = float(truncated)
         if info.get("agent_left"):  # an agent out of the game (env.PettingZooAgents): its action did nothing

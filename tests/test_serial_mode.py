@@ -168,3 +168,41 @@ def test_every_model_of_a_run_and_its_evaluation_is_made_by_make_model(tmp_path,
     made.clear()
     assert appo.main(["--mode", "eval", *flags, "--max_num_episodes", "1"]) == 0
     assert len(made) == 1
+
+
+def constrained_run(tmp_path, monkeypatch, experiment: str, cost_coeff: float) -> tuple[float, list]:
+    """docs/fork.md's recipe, a per-step value from the env: the cost the env reports in its info is
+    named in env_fields, and the targets run on reward - cost_coeff x cost. Returns the run's final
+    100-game average (of the true return, the score alone) and the costs the batches held."""
+    real_fields, real_targets = appo.env_fields, appo.gae_targets
+    costs = []
+
+    def fields_with_cost(cfg):
+        return {**real_fields(cfg), "cost": ((), np.dtype(np.float32))}
+
+    def targets_with_cost(model, batch, policy_version, cfg):
+        steps = appo.steps_of(batch)
+        costs.append((steps["cost"][steps["valid"] > 0].clone(), steps["reward"][steps["valid"] > 0].clone()))
+        return real_targets(model, {**batch, "reward": batch["reward"] - cost_coeff * batch["cost"]}, policy_version, cfg)
+
+    monkeypatch.setattr(appo, "env_fields", fields_with_cost)
+    monkeypatch.setattr(appo, "gae_targets", targets_with_cost)
+    cfg = appo.parse_args(["--env", "gym:costly_env:Costly-v0", "--serial_mode", "--num_workers", "1", "--seed", "1",
+                           "--train_for_env_steps", "30000", "--train_dir", str(tmp_path), "--experiment", experiment])
+    assert appo.flag_errors(cfg) == []
+    result = appo.train(cfg)
+    assert result.exit_code == 0
+    return result.average_returns[0], costs
+
+
+@pytest.mark.slow
+def test_a_per_step_value_from_the_envs_info_reaches_the_loss_through_env_fields(tmp_path, monkeypatch):
+    """The env's info["cost"] becomes the batch's "cost" beside "reward", step for step (a costly step
+    scores 1, a free one 0.5), and a loss that charges it trains a different policy: near the free
+    action's 10 a game where the same run without the charge goes for the costly 20."""
+    unconstrained, _ = constrained_run(tmp_path, monkeypatch, "free", cost_coeff=0.0)
+    constrained, costs = constrained_run(tmp_path, monkeypatch, "charged", cost_coeff=1.0)
+    cost, reward = torch.cat([c for c, _ in costs]), torch.cat([r for _, r in costs])
+    assert cost.numel() > 1000 and set(cost.unique().tolist()) == {0.0, 1.0}
+    assert torch.equal(cost, (reward == 1.0).float())  # each step's own cost, beside its own reward
+    assert unconstrained > 17 and constrained < 13, (unconstrained, constrained)
