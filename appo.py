@@ -3420,6 +3420,8 @@ class Learner:
         self.apply_lr_schedule()
         with self.times("sgd"):  # a frozen policy's batches count, and teach it nothing
             stats = {} if self.frozen else self.sgd_step(batch, report)
+        for extra in EXTRAS:
+            extra.after_sgd(self)
         self.policy_version += 1
         self.env_frames += samples_per_iteration(self.cfg) * self.cfg.env_frameskip * self.cfg.world_size  # all ranks
         with self.times("publish"):
@@ -3564,7 +3566,7 @@ class Extra:
     """One optional part of the trainer. Every method is optional. The runner makes one of each
     registered class when the run starts (the shared state made, no child started yet) and calls
     it every round of its loop, whenever a report is due, and once when the run stops. Learners
-    call `learner_start`, `before_sgd` and `learner_stop` in their own processes (in this one with
+    call `learner_start`, `before_sgd`, `after_sgd` and `learner_stop` in their own processes (in this one with
     --serial_mode), so those are static: what they keep, they keep on the learner."""
 
     mode: str | None = None  # a --mode of its own, e.g. "eval", run by main(cfg) instead of training
@@ -3597,6 +3599,10 @@ class Extra:
     @staticmethod
     def before_sgd(learner: "Learner") -> None:
         """In a learner, before each training step."""
+
+    @staticmethod
+    def after_sgd(learner: "Learner") -> None:
+        """In a learner, after each training step, before it publishes the weights."""
 
     @staticmethod
     def learner_stop(learner: "Learner") -> None:
@@ -4610,6 +4616,16 @@ class Torchrun(Extra):
             for normalizer in learner.model.modules():
                 if isinstance(normalizer, RunningNormalizer):
                     merge_over_all_ranks(normalizer)
+            learner.rank0_state = state_buffers(learner.model)
+
+    @staticmethod
+    def after_sgd(learner: Learner):
+        """The model's other buffers (a fork's Lagrange multiplier, a counter) are state each rank
+        changes from its own batch: rank 0's, to every rank, before the weights are published."""
+        for tensor in getattr(learner, "rank0_state", []):
+            contiguous = tensor.contiguous()
+            torch.distributed.broadcast(contiguous, src=0)
+            tensor.copy_(contiguous)
 
     @staticmethod
     def stop_now(learner: Learner, stop: bool) -> bool:
@@ -4653,6 +4669,16 @@ def broadcast_training_state(learner: "Learner"):
     torch.distributed.broadcast_object_list(state, src=0)  # pickled, but only between our own ranks
     load_optimizer_state(learner.optimizer, state[0])
     learner.policy_version, learner.env_frames = state[1], state[2]
+
+
+def state_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The model's buffers that are not the running statistics merge_over_all_ranks keeps equal
+    (none in appo.py's own model): under torchrun they follow rank 0 (Torchrun.after_sgd). A
+    statistic of your own that should count every rank's batch: a RunningNormalizer, or an
+    all_reduce where you update it."""
+    merged = {id(buffer) for module in model.modules() if isinstance(module, RunningNormalizer)
+              for buffer in module.buffers(recurse=False)}
+    return [buffer for buffer in model.buffers() if id(buffer) not in merged]
 
 
 def average_gradients_in_backward(model: nn.Module):

@@ -19,10 +19,11 @@ SMALL = ["--env", "doom_basic", "--num_workers", "1", "--num_envs_per_worker", "
          "--batch_size", "64", "--rollout", "16", "--learner_threads", "1", "--report_every_sec", "2"]
 
 
-def torchrun(tmp_path, tag: str, *flags: str) -> subprocess.Popen:
+def torchrun(tmp_path, tag: str, *flags: str, script: str = os.path.join(REPO, "appo.py"),
+             run: list[str] = SMALL) -> subprocess.Popen:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "--log_dir", str(tmp_path / "torchrun_logs"),  # else torchrun leaves a torchelastic_* folder in /tmp
-               os.path.join(REPO, "appo.py"), *SMALL, "--train_dir", str(tmp_path), "--experiment", "ddp", *flags]
+               script, *run, "--train_dir", str(tmp_path), "--experiment", "ddp", *flags]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "DISTRIBUTED_TEST_TAG": tag}, start_new_session=True)
 
@@ -81,3 +82,23 @@ def is_rank_main(pid: int, rank: str) -> bool:
     except OSError:
         return False
     return f"RANK={rank}".encode() in environ and b"appo.py" in cmdline
+
+
+@pytest.mark.slow
+def test_state_a_forks_model_keeps_in_a_buffer_is_rank_0s_on_every_rank(tmp_path):
+    """A buffer that is no running statistic (tests/state_launcher.py: set by the loss from each rank's
+    own batch) follows rank 0 after every step, so the ranks' weights and buffers end bit-identical;
+    before, only the normalisers were merged, and this buffer differed by rank."""
+    tag = uuid.uuid4().hex
+    cartpole = ["--env", "gym:CartPole-v1", "--num_workers", "1", "--learner_threads", "1", "--report_every_sec", "2"]
+    job = torchrun(tmp_path, tag, "--train_for_env_steps", "8192", script=os.path.join(REPO, "tests", "state_launcher.py"),
+                   run=cartpole)
+    output, _ = job.communicate(timeout=400)
+    assert job.returncode == 0, output[-4000:]
+    finals = {rank: (version, checksum) for rank, version, checksum in
+              re.findall(r"rank (\d): policy version (\d+), weights checksum (\w+)", output)}
+    assert set(finals) == {"0", "1"} and int(finals["0"][0]) >= 2, output[-4000:]
+    assert finals["0"] == finals["1"]
+    saved = torch.load(sorted((tmp_path / "ddp" / "checkpoint_p0").glob("*.pth"))[-1], weights_only=True)
+    assert float(saved["model"]["batch_obs_mean"]) != 0  # the loss set it
+    assert processes_still_tagged(tag) == []
