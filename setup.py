@@ -35,7 +35,7 @@ setup(
         "atari": ["ale-py>=0.9"],
         "test": ["vizdoom>=1.2.3", "ale-py>=0.9", "pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "matplotlib",
                  "wandb", "imageio>=2.9", "imageio-ffmpeg>=0.4", "pettingzoo>=1.24", "gymnasium[mujoco]"],
-        "pettingzoo": ["pettingzoo>=1.24"],  # --env pz:<module>:<factory>
+        "pettingzoo": ["pettingzoo>=1.24", "mpe2"],  # --env pz:<module>:<factory>; mpe2: the docs' simple_spread, simple_tag
         "mujoco": ["gymnasium[mujoco]"],
         "box2d": ["gymnasium[box2d]"],
         "bench": ["faster-fifo", "matplotlib"],
