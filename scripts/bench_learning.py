@@ -922,7 +922,9 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "repin_2026-12-05/after_894d4bf": "the re-pin table of 2026-12-05",
                  "repin_2026-12-05/before_a033fe0": "the re-pin table of 2026-12-05",
                  "repin_2026-12-05/after_e4725c7": "the re-pin table of 2026-12-05",
-                 **{f"gym_ablation/{arm}": "the gym defaults' ablation table" for arm in ABLATION_ARMS}}
+                 **{f"gym_ablation/{arm}": "the gym defaults' ablation table" for arm in ABLATION_ARMS},
+                 "gym_basin/defaults": "the HalfCheetah basin table",
+                 "gym_crossover/sb3_at_appo_defaults": "the crossover table"}
 CONTENTION_HEADER = ["| env | trainer | configuration | seeds | CPU elsewhere | kept in |",
                      "|---|---|---|---|---|---|"]
 
@@ -1087,6 +1089,9 @@ def parse_args(argv=None):
     parser.add_argument("--ablation", action="store_true",
                         help="run nothing: print docs/results/learning.md's table of the gym defaults' ablation "
                              "(docs/bench/gym_ablation/)")
+    parser.add_argument("--basin", action="store_true",
+                        help="run nothing: print learning.md's table of HalfCheetah's two basins "
+                             "(docs/bench/gym_basin/defaults/, with the probe's readings in its probe.json)")
     parser.add_argument("--contention", action="store_true",
                         help="run nothing: print docs/results/learning.md's table of every saved run under "
                              "docs/bench/ that shared the machine (over 5%% of the CPU elsewhere)")
@@ -1173,6 +1178,34 @@ def held_out_table(root: str = ABLATION_DIR) -> str:
                              f"{spread([score_at(run['curve'], budget) for run in runs])} | "
                              f"{minutes([run['wall_s'] for run in runs])} |")
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+BASIN_DIR = os.path.join(BENCH_DIR, "gym_basin", "defaults")
+HIGH_BASIN = 3000.0  # HalfCheetah's runs end above 3,000 or below about 2,000 at 1M (learning.md, round two)
+BASIN_HEADER = ["| seed | at 200k | at 1M | basin | upside down | cos pitch | speed m/s | actions clipped | "
+                "clip fraction to 300k | approx KL to 300k |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def early_median(points: list, frames: float = 300_000) -> float:
+    """The median of a diagnostic's summaries up to `frames` trained (one minibatch's figure each)."""
+    return statistics.median(value for at, value in points if at <= frames * 1.001)
+
+
+def basin_table(root: str = BASIN_DIR, env_name: str = "gym:HalfCheetah-v5") -> str:
+    """learning.md's table of what each HalfCheetah run at the defaults ends as: its scores, the
+    probe's reading of its final checkpoint (probe.json beside the runs) and its early update sizes."""
+    with open(os.path.join(root, "probe.json")) as f:
+        probes = {os.path.basename(report["checkpoint"]): report for report in json.load(f)["reports"]}
+    lines = list(BASIN_HEADER)
+    for seed in sorted(int(path.rsplit("seed", 1)[1][:-5]) for path in glob.glob(os.path.join(root, env_name, "appo_seed*.json"))):
+        run = load_result(os.path.join(root, env_name, f"appo_seed{seed}.json"))
+        final, probe_report = score_at(run["curve"], 1_000_000), probes[run["checkpoint"]]
+        lines.append(f"| {seed} | {score_at(run['curve'], 200_000):.0f} | {final:.0f} | "
+                     f"{'high' if final >= HIGH_BASIN else 'low'} | {probe_report['upside_down']:.0%} | "
+                     f"{probe_report['mean_cos_pitch']:.2f} | {probe_report['forward_speed']:.2f} | "
+                     f"{probe_report['clipped_share']:.0%} | {early_median(run['diagnostics']['clip_fraction']):.2f} | "
+                     f"{early_median(run['diagnostics']['approx_kl']):.3f} |")
+    return "\n".join(lines)
 
 
 def score_at_seconds(curve: list, seconds: float) -> tuple[float, float] | None:
@@ -1323,6 +1356,9 @@ def main(argv=None):
         if held_out_table():
             print()
             print(held_out_table())
+        return
+    if "--basin" in (sys.argv[1:] if argv is None else argv):
+        print(basin_table())
         return
     if "--equal_seconds" in (sys.argv[1:] if argv is None else argv):
         print(equal_seconds_table())

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -92,9 +93,17 @@ def main():
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--deterministic", action="store_true", help="the Gaussian's mean, not a sample")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="also write every report to this file, with the command and the commit")
     args = parser.parse_args()
+    reports = []
     for path in args.checkpoints:
-        print(json.dumps(probe(path, args.episodes, args.deterministic, args.seed)), flush=True)
+        reports.append(probe(path, args.episodes, args.deterministic, args.seed))
+        print(json.dumps(reports[-1]), flush=True)
+    if args.json:
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(["python", *sys.argv]), "commit": commit, "reports": reports}, f, indent=1)
 
 
 if __name__ == "__main__":
