@@ -572,6 +572,18 @@ def trainer_precision(trainer: str, train_dir: str) -> str:
     return f"{dtype} encoder" if dtype in ("bfloat16", "float32") else "not recorded"
 
 
+STARTED_LOG = "started.jsonl"
+
+
+def note_start(folder: str, config: dict):
+    """A line for every run the bench starts, in its results folder (STARTED_LOG): a run started
+    again (a crash, a lost file) shows there, and which finished run came first can be read."""
+    line = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "trainer": config["trainer"], "env": config["env"],
+            "seed": config["seed"], "key": config_key(config), "commit": git_commit()}
+    with open(os.path.join(folder, STARTED_LOG), "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 def run_one(args, config: dict) -> dict:
     trainer, env_name, seed = config["trainer"], config["env"], config["seed"]
     print(f"{time.strftime('%H:%M:%S')} {trainer} {env_name} seed {seed}: training {config['frames']:,} frames",
@@ -580,6 +592,7 @@ def run_one(args, config: dict) -> dict:
     train_dir = tempfile.mkdtemp(prefix=f"bench_learning_{trainer}_")
     log_path = result_path(args, trainer, env_name, seed).removesuffix(".json") + ".log"
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    note_start(os.path.dirname(os.path.dirname(log_path)), config)
     try:
         command = trainer_command(args, config, train_dir)
         outcome = run_trainer(command, cwd=train_dir, log_path=log_path, stall_seconds=args.stall_seconds,

@@ -306,6 +306,9 @@ def test_a_short_appo_run_gives_a_curve_on_frames_trained_and_leaves_nothing(tmp
     assert all(frame % (batch_size * 4) == 0 for frame in frames)  # whole batches of steps x frameskip 4: trained, not collected
     assert processes_tagged(tag) == [] and shm_left_by_this_run(shm_before) == []
     assert not os.path.exists(os.path.join(tmp_path, "doom_basic", "appo_seed1.log"))
+    with open(os.path.join(tmp_path, bench.STARTED_LOG)) as f:  # the run's start, noted before it ran
+        [started] = [json.loads(line) for line in f]
+    assert (started["trainer"], started["env"], started["seed"], started["key"]) == ("appo", "doom_basic", 1, result["key"])
     # what a diagnosis needs, at the summaries' frames trained: every learner figure, the last one kept
     diagnostics = result["diagnostics"]
     assert sorted(diagnostics) == sorted(bench.APPO_DIAGNOSTIC_TAGS)
