@@ -936,8 +936,7 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "repin_2026-12-05/before_a033fe0": "the re-pin table of 2026-12-05",
                  "repin_2026-12-05/after_e4725c7": "the re-pin table of 2026-12-05",
                  **{f"gym_ablation/{arm}": "the gym defaults' ablation table" for arm in ABLATION_ARMS},
-                 "gym_basin/defaults": "the HalfCheetah basin table",
-                 "gym_crossover/sb3_at_appo_defaults": "the crossover table"}
+                 "gym_basin/defaults": "the HalfCheetah basin table"}
 CONTENTION_HEADER = ["| env | trainer | configuration | seeds | CPU elsewhere | kept in |",
                      "|---|---|---|---|---|---|"]
 
