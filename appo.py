@@ -462,33 +462,6 @@ CONV_ENCODERS = {  # --encoder's choices and help come from here
 }
 
 
-def encoder_errors(obs_space: spaces.Space, cfg) -> list[str]:
-    """--encoder against the sizes of the images it is to see: one line each that it does not fit,
-    with the smallest square image it takes (its convs' kernels and strides leave nothing)."""
-    errors = []
-    for key, (shape, _) in obs_shapes(obs_space).items():
-        if len(shape) != 3 or key == ACTION_MASK:
-            continue
-        with torch.random.fork_rng(devices=[]):  # its weights are drawn from nothing the run draws from
-            encoder = CONV_ENCODERS[cfg.encoder].build(shape[0])
-        if fits(encoder, shape):
-            continue
-        smallest = next((side for side in range(1, 257) if fits(encoder, (shape[0], side, side))), None)
-        needs = f"it needs at least {smallest}x{smallest}" if smallest else "it fits no image up to 256x256"
-        errors.append(f"--encoder {cfg.encoder} does not fit observation '{key}', images of {shape[1]}x{shape[2]} "
-                      f"({needs}): use --encoder convnet_small, made for small images")
-    return errors
-
-
-def fits(encoder: nn.Module, shape: tuple[int, ...]) -> bool:
-    with torch.no_grad():
-        try:
-            encoder(torch.zeros(1, *shape))
-            return True
-        except RuntimeError:
-            return False
-
-
 def register_encoder(name: str, build: Callable[[int], nn.Module], activation: type[nn.Module] = nn.ReLU,
                      about: str = "a registered encoder"):
     """Adds an image encoder that --encoder NAME then offers. `build(channels)` returns a module
@@ -1583,6 +1556,33 @@ def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
             errors.append(f"--exploration_loss symmetric_kl measures the policy against a uniform one over all "
                           f"actions, and {cfg.env} masks some: use --exploration_loss entropy")
     return list(dict.fromkeys(errors))
+
+
+def encoder_errors(obs_space: spaces.Space, cfg) -> list[str]:
+    """--encoder against the sizes of the images it is to see: one line each that it does not fit,
+    with the smallest square image it takes (its convs' kernels and strides leave nothing)."""
+    errors = []
+    for key, (shape, _) in obs_shapes(obs_space).items():
+        if len(shape) != 3 or key == ACTION_MASK:
+            continue
+        with torch.random.fork_rng(devices=[]):  # its weights are drawn from nothing the run draws from
+            encoder = CONV_ENCODERS[cfg.encoder].build(shape[0])
+        if encoder_fits(encoder, shape):
+            continue
+        smallest = next((side for side in range(1, 257) if encoder_fits(encoder, (shape[0], side, side))), None)
+        needs = f"it needs at least {smallest}x{smallest}" if smallest else "it fits no image up to 256x256"
+        errors.append(f"--encoder {cfg.encoder} does not fit observation '{key}', images of {shape[1]}x{shape[2]} "
+                      f"({needs}): use --encoder convnet_small, made for small images")
+    return errors
+
+
+def encoder_fits(encoder: nn.Module, shape: tuple[int, ...]) -> bool:
+    with torch.no_grad():
+        try:
+            encoder(torch.zeros(1, *shape))
+            return True
+        except RuntimeError:
+            return False
 
 
 def acting_errors(model: "ActorCritic", obs_space: spaces.Space, cfg) -> list[str]:

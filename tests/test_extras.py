@@ -85,8 +85,9 @@ def test_the_core_alone_trains_with_its_processes_and_says_an_extras_flag_is_unk
 
 def test_appo_py_reads_research_first_then_plumbing_then_extras():
     """A forker opens appo.py on what they edit: the research flags (CONFIG), the model and the losses
-    with the update (ALGO LOGIC), all before the first PLUMBING section and within 900 lines (a
-    sitting's read, the bar of the code-shape reviews), then the plumbing, then the extras."""
+    with the update (ALGO LOGIC), all before the first PLUMBING section, then the plumbing, then the
+    extras. How much a change needs read is counted per change, not as this prefix's length (the
+    900-line bar of the code-shape reviews, retired by issue 96): tests/test_fork_doc.py."""
     lines = open(os.path.join(REPO, "appo.py")).read().splitlines()
     sections = [(number, line.split(":")[0].split(" (")[0][2:]) for number, line in enumerate(lines, 1)
                 if re.match(r"# (CONFIG|ALGO LOGIC|PLUMBING|EXTRAS)\b", line)]
@@ -95,4 +96,3 @@ def test_appo_py_reads_research_first_then_plumbing_then_extras():
     assert kinds == sorted(kinds, key=["CONFIG", "ALGO LOGIC", "PLUMBING", "EXTRAS"].index)
     first_plumbing = sections[3][0]
     assert lines[first_plumbing - 2].startswith("# ====")
-    assert first_plumbing - 2 <= 900, f"{first_plumbing - 2} lines before the first PLUMBING section"

@@ -109,7 +109,7 @@ def test_the_rollout_worker_keeps_the_steps_of_an_agent_that_left_out_of_the_los
               "truncated": np.zeros((1, 3), np.float32),
               "valid": np.ones((1, 3), np.float32), "rnn_state": np.ones((1, 3, 1), np.float32),
               "obs": np.zeros((1, 3, 2), np.float32)}
-    worker = types.SimpleNamespace(past_policy=None, shared=types.SimpleNamespace(stats_queue=queue.Queue()))
+    worker = types.SimpleNamespace(past_policy=None, env_field_names=[], shared=types.SimpleNamespace(stats_queue=queue.Queue()))
     worker.write_obs = lambda actor, obs: appo.RolloutWorker.write_obs(worker, actor, obs)
     actor = types.SimpleNamespace(slot=0, step=0, policy_id=0, fields=appo.GroupFields(arrays, ["obs"], None))
     appo.RolloutWorker.record_step(worker, actor, np.ones(2), 0.0, True, False, {"agent_left": True})
