@@ -1058,3 +1058,32 @@ def test_sb3_can_run_at_given_hyperparameters_which_enter_its_saved_configuratio
     assert bench.run_configuration({"config": config}) == "hyperparameters sb3_at_appo_defaults.json"
     zoo_args = bench.parse_args(["--envs", "gym:HalfCheetah-v5", "--trainers", "sb3", "--report_only"])
     assert bench.config_key(bench.run_config(zoo_args, "sb3", "gym:HalfCheetah-v5", 1)) != bench.config_key(config)
+
+
+def test_learning_mds_basin_table_is_what_the_saved_runs_and_the_probe_say():
+    """Round two's HalfCheetah basin table: `--basin` from the runs and probe.json; the probe's file is
+    what the probe reads now from a low run's kept checkpoint (seeded, so the same games), and the
+    basin column is the score at 1M against 3,000, read here apart from the bench."""
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        learning = f.read()
+    table = bench.basin_table()
+    assert table in learning, table
+    runs = sorted(glob.glob(os.path.join(bench.BASIN_DIR, "gym:HalfCheetah-v5", "appo_seed*.json")))
+    assert len(runs) >= 8
+    lows = []
+    for path in runs:
+        with open(path) as f:
+            run = json.load(f)
+        final = [point[2] for point in run["curve"] if point[1] <= 1_000_000 * 1.001][-1]
+        if final < 3000:
+            lows.append(run["checkpoint"])
+    assert table.count("| low |") == len(lows) > 0
+    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    import probe_policy
+    with open(os.path.join(bench.BASIN_DIR, "probe.json")) as f:
+        saved = {os.path.basename(report["checkpoint"]): report for report in json.load(f)["reports"]}
+    report = saved[lows[0]]
+    again = probe_policy.probe(os.path.join(bench.BASIN_DIR, "gym:HalfCheetah-v5", lows[0]), report["episodes"],
+                               report["deterministic"], seed=1)
+    for key in ("mean_return", "upside_down", "mean_cos_pitch", "forward_speed", "clipped_share", "max_abs_pitch_deg"):
+        assert again[key] == pytest.approx(report[key], rel=1e-6), key
