@@ -941,10 +941,10 @@ def minibatches(batch: dict[str, torch.Tensor], cfg) -> list[dict[str, torch.Ten
         return [{key: value[:, start:start + size] for key, value in batch.items()}
                 for start in range(0, trajectories, size)]
     if not single_step_minibatches(cfg):
-        order = torch.randperm(trajectories, device=batch["done"].device)
+        order = torch.rand_like(batch["done"][0]).argsort()  # a random order of the trajectories
         return [{key: value.index_select(1, rows) for key, value in batch.items()} for rows in order.split(size)]
     horizon = batch["done"].shape[0]  # T + 1
-    order = torch.randperm((horizon - 1) * trajectories, device=batch["done"].device)
+    order = torch.rand_like(batch["done"][:-1]).flatten().argsort()  # of the T x B steps
     chunks = []
     for rows in order.split(cfg.batch_size):
         chunk = {}
