@@ -4622,10 +4622,7 @@ class Torchrun(Extra):
     def after_sgd(learner: Learner):
         """The model's other buffers (a fork's Lagrange multiplier, a counter) are state each rank
         changes from its own batch: rank 0's, to every rank, before the weights are published."""
-        for tensor in getattr(learner, "rank0_state", []):
-            contiguous = tensor.contiguous()
-            torch.distributed.broadcast(contiguous, src=0)
-            tensor.copy_(contiguous)
+        broadcast_from_rank0(getattr(learner, "rank0_state", []))
 
     @staticmethod
     def stop_now(learner: Learner, stop: bool) -> bool:
@@ -4659,12 +4656,17 @@ def init_distributed(cfg):
                                          timeout=datetime.timedelta(seconds=cfg.distributed_timeout))
 
 
-def broadcast_training_state(learner: "Learner"):
-    """Rank 0's weights, normaliser statistics, optimiser state and counters, to every rank."""
-    for tensor in learner.model.state_dict().values():
+def broadcast_from_rank0(tensors):
+    """Each tensor takes rank 0's value, in place, on every rank."""
+    for tensor in tensors:
         contiguous = tensor.contiguous()  # channels-last conv weights are not, and gloo needs it
         torch.distributed.broadcast(contiguous, src=0)
         tensor.copy_(contiguous)
+
+
+def broadcast_training_state(learner: "Learner"):
+    """Rank 0's weights, normaliser statistics, optimiser state and counters, to every rank."""
+    broadcast_from_rank0(learner.model.state_dict().values())
     state = [learner.optimizer.state_dict(), learner.policy_version, learner.env_frames]
     torch.distributed.broadcast_object_list(state, src=0)  # pickled, but only between our own ranks
     load_optimizer_state(learner.optimizer, state[0])
