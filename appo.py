@@ -477,6 +477,29 @@ def register_encoder(name: str, build: Callable[[int], nn.Module], activation: t
 NONLINEARITIES = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
+def encoder_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation as the encoder takes it, a copy of its own: images [N, C, H, W] in `dtype`
+    and channels-last memory (oneDNN's fast conv layout), converted bytes first, which saves a
+    float32 pass over the batch; vectors in float32."""
+    if x.dim() == 4:
+        return x.permute(0, 2, 3, 1).contiguous().to(dtype, copy=True).permute(0, 3, 1, 2)
+    return x.to(torch.float32, copy=True)
+
+
+def encoder_precision(model: "ActorCritic", cfg):
+    """ActorCritic's __init__: --encoder_dtype (the precision encode computes in, encoder_autocast)
+    and its conv weights in channels-last memory, oneDNN's fast layout on the CPU."""
+    model.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
+    model.to(memory_format=torch.channels_last)  # conv weights only
+
+
+def encoder_autocast(model: "ActorCritic", obs: dict[str, torch.Tensor]) -> torch.autocast:
+    """ActorCritic.encode's context: with --encoder_dtype bfloat16 the encoders and the FC run under
+    autocast; the weights, their gradients and all after encode stay float32 (no loss scaling)."""
+    device_type = next(iter(obs.values())).device.type
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=model.encoder_dtype == torch.bfloat16)
+
+
 class ActorCritic(nn.Module):
     """Encoder -> (GRU | LSTM | nothing) -> action head (Categoricals, DiagonalGaussian or
     MixedHeads) + value. Images (uint8, CHW) go through the --encoder conv net, vectors (Doom's game
@@ -882,6 +905,41 @@ def appo_loss(model: ActorCritic, batch: dict[str, torch.Tensor], policy_version
     return loss, {"loss": loss, "policy_loss": policy_loss, "value_loss": critic_loss, "entropy": entropy,
                   "log_probs": log_probs, "behaviour_log_probs": behaviour_log_probs, "values": values,
                   "targets": targets, "returns": returns, "mask": mask, "lag": lag}
+
+
+@torch.no_grad()
+def loss_stats(model: ActorCritic, aux: dict, cfg) -> dict:
+    """The figures the status line and TensorBoard show of a step, from appo_loss's aux: its numbers
+    (0-dim tensors or floats) as they are, so a term of your own put there reaches TensorBoard as
+    pN/NAME, and from its per-step tensors the valid share, the policy lag and PPO's health. The
+    learner asks about once a second: they cost dozens of small kernels."""
+    stats = {name: value.detach() if torch.is_tensor(value) else value for name, value in aux.items()
+             if not torch.is_tensor(value) or value.dim() == 0}
+    if "mask" not in aux:  # a loss of your own that keeps only its numbers
+        return stats
+    mask, lag, log_probs, behaviour_log_probs = aux["mask"], aux["lag"], aux["log_probs"], aux["behaviour_log_probs"]
+    return {**stats, "valid_fraction": mask.mean(),
+            "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask),
+            "value_mean": masked_mean(model.values_to_returns(aux["values"]), mask),
+            "lag_min": lag.min().float(), "lag_avg": lag.float().mean(), "lag_max": lag.max().float(),
+            **ppo_health(log_probs, behaviour_log_probs, aux["values"], aux["targets"], mask, cfg.ppo_clip_ratio)}
+
+
+def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, torch.Tensor]:
+    """The three numbers PPO users look at first (CleanRL, Stable-Baselines3): how far the policy
+    moved from the one that acted (approx_kl, the (r - 1) - log r estimator), the share of steps
+    whose ratio the clip bounds (clip_fraction), and how much of the targets' variance the values
+    explain (explained_variance: 1 is perfect, 0 no better than their mean, below 0 worse)."""
+    log_ratio = log_probs - behaviour_log_probs
+    ratio = log_ratio.exp()
+    clipped = (ratio < 1.0 / (1.0 + clip_ratio)) | (ratio > 1.0 + clip_ratio)
+    target_mean = masked_mean(targets, mask)
+    target_var = masked_mean((targets - target_mean) ** 2, mask)
+    error = targets - values
+    error_var = masked_mean((error - masked_mean(error, mask)) ** 2, mask)
+    explained = torch.where(target_var > 0, 1.0 - error_var / target_var, float("nan"))
+    return {"approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
+            "clip_fraction": masked_mean(clipped.float(), mask), "explained_variance": explained}
 
 
 def scheduled_learning_rate(cfg, env_frames: int) -> float | None:
@@ -1475,7 +1533,7 @@ def pinned_policies(cfg, agent_names: list[str]) -> tuple[list[int | None], list
     return policies, errors
 
 
-class Groups(typing.NamedTuple):
+class SpaceGroups(typing.NamedTuple):
     """Agents with the same (observation space, action space) form a group, in the env's order of
     agents. Each policy acts for the agents of one group, with a model built from its spaces, and
     its learner trains on their steps only (predators and prey, a speaker and a listener)."""
@@ -1492,7 +1550,7 @@ class Groups(typing.NamedTuple):
 
 
 def agent_groups(cfg, agent_spaces: list[tuple[spaces.Space, spaces.Space]], agent_names: list[str]
-                 ) -> tuple[Groups, list[str]]:
+                 ) -> tuple[SpaceGroups, list[str]]:
     """(the env's groups and each policy's, the mistakes). A policy's group is its agents' under
     --agent_policies, else policy i serves group i % (number of groups)."""
     group_spaces, of_agent = envs.space_groups(agent_spaces)
@@ -1525,11 +1583,12 @@ def agent_groups(cfg, agent_spaces: list[tuple[spaces.Space, spaces.Space]], age
     if len(group_spaces) > 1 and cfg.past_opponents_fraction > 0:
         errors.append(f"--past_opponents_fraction is for agents of one group, and {cfg.env}'s form "
                       f"{len(group_spaces)}: drop it")
-    return Groups(group_spaces, of_agent, of_policy), errors
+    return SpaceGroups(group_spaces, of_agent, of_policy), errors
 
 
-def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
-    """Flag mistakes that only the env itself reveals (registered and gym: envs)."""
+def probe_errors(cfg, probe: "EnvProbe", groups: SpaceGroups, group_errors: list[str]) -> list[str]:
+    """Flag mistakes that only the env itself reveals (registered and gym: envs). `groups` and
+    `group_errors`: agent_groups() of the probe's agents."""
     errors = []
     if not cfg.async_rl and envs.num_agents_of(cfg.env) is None:
         errors += synchronous_errors(cfg, probe.num_agents)
@@ -1539,7 +1598,6 @@ def probe_errors(cfg, probe: "EnvProbe") -> list[str]:
     if cfg.agent_policies and cfg.past_opponents_fraction > 0:
         mapping_errors.append("--past_opponents_fraction draws opponents when agents change policies, which "
                               "--agent_policies stops: drop one of them")
-    groups, group_errors = agent_groups(cfg, probe.agent_spaces, probe.agent_names)
     errors += mapping_errors or group_errors  # the groups of a mapping with mistakes would mislead
     for obs_space, action_space in groups.spaces:
         try:
@@ -1743,29 +1801,6 @@ def beating(run: "RunState", process_index: int, every_s: float = 1.0):
         thread.join()
 
 
-def encoder_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An observation as the encoder takes it, a copy of its own: images [N, C, H, W] in `dtype`
-    and channels-last memory (oneDNN's fast conv layout), converted bytes first, which saves a
-    float32 pass over the batch; vectors in float32."""
-    if x.dim() == 4:
-        return x.permute(0, 2, 3, 1).contiguous().to(dtype, copy=True).permute(0, 3, 1, 2)
-    return x.to(torch.float32, copy=True)
-
-
-def encoder_precision(model: "ActorCritic", cfg):
-    """ActorCritic's __init__: --encoder_dtype (the precision encode computes in, encoder_autocast)
-    and its conv weights in channels-last memory, oneDNN's fast layout on the CPU."""
-    model.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
-    model.to(memory_format=torch.channels_last)  # conv weights only
-
-
-def encoder_autocast(model: "ActorCritic", obs: dict[str, torch.Tensor]) -> torch.autocast:
-    """ActorCritic.encode's context: with --encoder_dtype bfloat16 the encoders and the FC run under
-    autocast; the weights, their gradients and all after encode stay float32 (no loss scaling)."""
-    device_type = next(iter(obs.values())).device.type
-    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=model.encoder_dtype == torch.bfloat16)
-
-
 def encoder_in_compute_dtype(model: "ActorCritic") -> "ActorCritic":
     """Policy workers only (they never train): the encoder's weights held in bfloat16 when it
     computes in bfloat16, so autocast does not convert them again at every forward pass."""
@@ -1877,7 +1912,7 @@ class Shared:
     stats_queue: appo_ipc.Queue            # pickled dicts for the runner
     run: RunState
     resumed_frames: int = 0                # env frames its checkpoints had trained, in a resumed run
-    groups: Groups | None = None           # the env's groups of agents, and each policy's
+    groups: SpaceGroups | None = None           # the env's groups of agents, and each policy's
 
 
 def past_policy_id(cfg) -> int | None:
@@ -1894,9 +1929,10 @@ def learner_owner(cfg, policy_id: int) -> int:
     return cfg.num_workers + policy_id
 
 
-def create_shared(cfg, model: ActorCritic, probe: EnvProbe) -> Shared:
-    """`model`: policy 0's, drawn first (the runner checked it); the others' are drawn here."""
-    groups = agent_groups(cfg, probe.agent_spaces, probe.agent_names)[0]
+def create_shared(cfg, model: ActorCritic, probe: EnvProbe, groups: SpaceGroups | None = None) -> Shared:
+    """`model`: policy 0's, drawn first (the runner checked it); the others' are drawn here.
+    `groups`: the runner's agent_groups() of the probe (found here when not given)."""
+    groups = groups or agent_groups(cfg, probe.agent_spaces, probe.agent_names)[0]
     num_actors = cfg.num_workers * cfg.num_envs_per_worker * probe.num_agents
     slots_per_batch = trajectories_per_batch(cfg)
     # Each actor fills one slot, and each learner's next batch waits in slots of its own while the
@@ -2637,11 +2673,8 @@ class RolloutWorker:
             if self.next_episode[env_id] is not None:  # after a time limit's cut: a position nobody steps
                 obs, self.next_episode[env_id] = self.next_episode[env_id], None
                 frames += self.cfg.env_frameskip * len(env_actors)  # a position of the slots, as the learner counts
-                for actor in env_actors:
-                    self.record_step(actor, obs[actor.agent], 0.0, True, False, UNTAKEN)
-                    if actor.step == self.cfg.rollout and not self.finish_slot(actor):
-                        return False
-                if not self.between_episodes(env_id, env_actors):
+                steps = [(obs[actor.agent], 0.0, True, False, UNTAKEN) for actor in env_actors]
+                if not self.record_env_step(env_id, env_actors, steps, episode_over=True):
                     return False
                 continue
             actions = [env_action(a.fields.action_space, a.fields.arrays["actions"][a.slot, a.step]) for a in env_actors]
@@ -2657,19 +2690,26 @@ class RolloutWorker:
                 self.replace_env(env_id, env_actors, error)
                 continue
             frames += self.cfg.env_frameskip * len(env_actors)  # every agent's frames, as the learner counts them
+            steps = []
             for actor in env_actors:
-                agent = actor.agent
-                reward = rewards[agent]
+                agent, reward = actor.agent, rewards[actor.agent]
                 if actor.reward_scaler is not None:
                     reward = actor.reward_scaler(reward, episode_ended=dones[agent])
-                self.record_step(actor, obs[agent], reward, dones[agent] and not cuts[agent], cuts[agent],
-                                 infos[agent])
-                if actor.step == self.cfg.rollout and not self.finish_slot(actor):
-                    return False
-            if all(dones) and self.next_episode[env_id] is None and not self.between_episodes(env_id, env_actors):
+                steps.append((obs[agent], reward, dones[agent] and not cuts[agent], cuts[agent], infos[agent]))
+            episode_over = all(dones) and self.next_episode[env_id] is None  # else after the untaken position
+            if not self.record_env_step(env_id, env_actors, steps, episode_over):
                 return False
         self.shared.run.worker_frames[self.worker_id] += frames
         return True
+
+    def record_env_step(self, env_id: int, env_actors: list[Actor], steps: list[tuple], episode_over: bool) -> bool:
+        """One position for each of an env's actors, a full slot handed to the learner, then what
+        comes between episodes if the env's episode is over. False: the run is stopping."""
+        for actor, step in zip(env_actors, steps):
+            self.record_step(actor, *step)
+            if actor.step == self.cfg.rollout and not self.finish_slot(actor):
+                return False
+        return not episode_over or self.between_episodes(env_id, env_actors)
 
     def between_episodes(self, env_id: int, env_actors: list[Actor]) -> bool:
         """After an env's episode: every few episodes its agents go to new random policies (with
@@ -3048,41 +3088,6 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
 
 
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
-
-
-@torch.no_grad()
-def loss_stats(model: ActorCritic, aux: dict, cfg) -> dict:
-    """The figures the status line and TensorBoard show of a step, from appo_loss's aux: its numbers
-    (0-dim tensors or floats) as they are, so a term of your own put there reaches TensorBoard as
-    pN/NAME, and from its per-step tensors the valid share, the policy lag and PPO's health. The
-    learner asks about once a second: they cost dozens of small kernels."""
-    stats = {name: value.detach() if torch.is_tensor(value) else value for name, value in aux.items()
-             if not torch.is_tensor(value) or value.dim() == 0}
-    if "mask" not in aux:  # a loss of your own that keeps only its numbers
-        return stats
-    mask, lag, log_probs, behaviour_log_probs = aux["mask"], aux["lag"], aux["log_probs"], aux["behaviour_log_probs"]
-    return {**stats, "valid_fraction": mask.mean(),
-            "ratio_deviation": masked_mean((log_probs - behaviour_log_probs).exp().sub(1).abs(), mask),
-            "value_mean": masked_mean(model.values_to_returns(aux["values"]), mask),
-            "lag_min": lag.min().float(), "lag_avg": lag.float().mean(), "lag_max": lag.max().float(),
-            **ppo_health(log_probs, behaviour_log_probs, aux["values"], aux["targets"], mask, cfg.ppo_clip_ratio)}
-
-
-def ppo_health(log_probs, behaviour_log_probs, values, targets, mask, clip_ratio) -> dict[str, torch.Tensor]:
-    """The three numbers PPO users look at first (CleanRL, Stable-Baselines3): how far the policy
-    moved from the one that acted (approx_kl, the (r - 1) - log r estimator), the share of steps
-    whose ratio the clip bounds (clip_fraction), and how much of the targets' variance the values
-    explain (explained_variance: 1 is perfect, 0 no better than their mean, below 0 worse)."""
-    log_ratio = log_probs - behaviour_log_probs
-    ratio = log_ratio.exp()
-    clipped = (ratio < 1.0 / (1.0 + clip_ratio)) | (ratio > 1.0 + clip_ratio)
-    target_mean = masked_mean(targets, mask)
-    target_var = masked_mean((targets - target_mean) ** 2, mask)
-    error = targets - values
-    error_var = masked_mean((error - masked_mean(error, mask)) ** 2, mask)
-    explained = torch.where(target_var > 0, 1.0 - error_var / target_var, float("nan"))
-    return {"approx_kl": masked_mean((ratio - 1.0) - log_ratio, mask),
-            "clip_fraction": masked_mean(clipped.float(), mask), "explained_variance": explained}
 
 
 # How often the learner reads its loss statistics back (on a GPU each read waits for the queued
@@ -4144,7 +4149,7 @@ def start_line(cfg, seed_drawn: bool = False) -> str:
             f"follow it with tensorboard --logdir {folder}; {seed}; Ctrl-C saves and stops, the same command resumes")
 
 
-def groups_line(groups: Groups, agent_names: list[str], cfg) -> str:
+def groups_line(groups: SpaceGroups, agent_names: list[str], cfg) -> str:
     """Which agents each group holds, and which policies play them."""
     parts = []
     for group, (obs_space, action_space) in enumerate(groups.spaces):
@@ -4204,7 +4209,14 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] 
 
 
 def run_training(cfg, watch) -> TrainResult:
-    """train() without its log file."""
+    """train() without its log file: every check and the shared state, then the run watched to its end."""
+    run = start_run(cfg)
+    return run if isinstance(run, TrainResult) else supervise(run, watch)
+
+
+def start_run(cfg) -> "Run | TrainResult":
+    """The seed, the env probed, every check that needs it and every group's model built, then the
+    shared state and the workers made (none started). A TrainResult: the run was refused."""
     if cfg.serial_mode:  # before any weights are drawn: the thread count can change their last bits
         torch.set_num_threads(cfg.learner_threads)
     seed_drawn = cfg.seed is None
@@ -4220,12 +4232,10 @@ def run_training(cfg, watch) -> TrainResult:
         return TrainResult(exit_code=1)
     if fits_batches(cfg) and envs.num_agents_of(cfg.env) is None:  # its agents are known only now
         fit_synchronous_batches(cfg, probe.num_agents)
-    errors = probe_errors(cfg, probe)
-    if errors:
-        print_errors(errors)
-        return TrainResult(exit_code=2)
-    groups = agent_groups(cfg, probe.agent_spaces, probe.agent_names)[0]
-    errors = [error for obs_space, _ in groups.spaces for error in encoder_errors(obs_space, cfg)]
+    groups, group_errors = agent_groups(cfg, probe.agent_spaces, probe.agent_names)
+    errors = probe_errors(cfg, probe, groups, group_errors)
+    if not errors:
+        errors = [error for obs_space, _ in groups.spaces for error in encoder_errors(obs_space, cfg)]
     if errors:
         print_errors(list(dict.fromkeys(errors)))
         return TrainResult(exit_code=2)
@@ -4244,7 +4254,7 @@ def run_training(cfg, watch) -> TrainResult:
     if errors:
         print_errors(list(dict.fromkeys(errors)))
         return TrainResult(exit_code=2)
-    shared = create_shared(cfg, model, probe)  # checks the checkpoints, if any
+    shared = create_shared(cfg, model, probe, groups)  # checks the checkpoints, if any
     if len(groups.spaces) > 1 and cfg.rank == 0:
         print(groups_line(groups, probe.agent_names, cfg), flush=True)
     for policy in sorted(frozen_policies(cfg)) if cfg.rank == 0 else ():
@@ -4254,7 +4264,13 @@ def run_training(cfg, watch) -> TrainResult:
         workers = SerialRun(cfg, shared)
     else:
         workers = Supervisor(cfg, shared, make_children(cfg, shared), child_process_context())
-    run, extras = Run(cfg, seed_drawn, shared, model, Stats(cfg.num_policies), workers, start=time.monotonic()), []
+    return Run(cfg, seed_drawn, shared, model, Stats(cfg.num_policies), workers, start=time.monotonic())
+
+
+def supervise(run: Run, watch) -> TrainResult:
+    """Starts the workers and the extras, then watches: stats, failures, reports, the budget, a stop
+    signal. Whatever ends it, the workers stop (the learners save) and every extra closes."""
+    cfg, shared, workers, extras = run.cfg, run.shared, run.workers, []
 
     def request_stop(signum, frame):
         raise StopRequested()
@@ -4264,7 +4280,7 @@ def run_training(cfg, watch) -> TrainResult:
         for extra in EXTRAS:
             extras.append(extra(run))
         if cfg.rank == 0:  # under torchrun, rank 0 writes config, summaries and checkpoints
-            print(f"the learner's recurrent core: {SegmentRNN.path(model)}", flush=True)
+            print(f"the learner's recurrent core: {SegmentRNN.path(run.model)}", flush=True)
             if cfg.shuffle_minibatches:
                 print("minibatches: " + ("single steps, shuffled across the batch every epoch"
                                          if single_step_minibatches(cfg) else "whole trajectories (V-trace or the RNN "
@@ -5153,7 +5169,7 @@ def evaluate(cfg) -> int:
     return 0
 
 
-def eval_policies(cfg, env: Agents) -> tuple[list[int], Groups]:
+def eval_policies(cfg, env: Agents) -> tuple[list[int], SpaceGroups]:
     """Each agent's policy in an evaluation, and the env's groups: --agent_policies' mapping, else
     --policy_index for the agents of its group and each other group's first policy for theirs."""
     groups, errors = agent_groups(cfg, env.agent_spaces, envs.get_agent_names(env.env))

@@ -163,9 +163,10 @@ def test_a_wrong_size_mask_is_one_line_before_any_process_starts(tmp_path, capsy
 def test_symmetric_kl_with_a_mask_is_refused_naming_the_entropy():
     cfg = small_cfg(env="gym:masked", exploration_loss="symmetric_kl", async_rl=True, past_opponents_fraction=0.0)
     probe = appo.EnvProbe((MASKED_OBS, MASKED_ACTIONS), 1, None)
-    assert any("use --exploration_loss entropy" in error for error in appo.probe_errors(cfg, probe))
+    groups = appo.agent_groups(cfg, probe.agent_spaces, probe.agent_names)
+    assert any("use --exploration_loss entropy" in error for error in appo.probe_errors(cfg, probe, *groups))
     cfg.exploration_loss = "entropy"
-    assert appo.probe_errors(cfg, probe) == []
+    assert appo.probe_errors(cfg, probe, *groups) == []
 
 
 def run_appo(tmp_path, env_id: str, *flags: str) -> subprocess.CompletedProcess:
