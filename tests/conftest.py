@@ -1,8 +1,10 @@
 """Checks that every test leaves the machine as it found it: no shared-memory segment and no
 child process left behind."""
+import argparse
 import glob
 import multiprocessing
 import os
+import threading
 import time
 import types
 import uuid
@@ -13,6 +15,7 @@ import torch
 
 import appo
 import appo_ipc
+import env as envs
 
 # Every process this test run starts inherits it: how the leak check tells this run's processes
 # from those of another run on the same machine. Each pytest-xdist worker is a run of its own.
@@ -96,6 +99,59 @@ def vizdoom_processes() -> dict[int, str]:
         if parent_pid == os.getpid() and b"+viz_instance_id" in args:
             found[int(entry)] = args[args.index(b"+viz_instance_id") + 1].decode()
     return found
+
+
+def check_bfloat16_encoder(model32, model16, obs: dict) -> None:
+    """--encoder_dtype bfloat16 on any device (model16 holds model32's weights): the features come
+    out float32 on the models' device, within bf16 rounding of float32's yet not equal to them
+    (bfloat16 did compute), and the encoder's weights and gradients stay float32 and finite."""
+    features32, features16 = model32.encode(obs), model16.encode(obs)
+    assert features16.dtype == torch.float32 and features16.device == features32.device
+    assert not torch.equal(features16, features32)
+    assert (features16 - features32).norm() / features32.norm() < 0.02
+    features16.square().sum().backward()
+    for name, parameter in model16.named_parameters():
+        if name.startswith(("encoders", "fc")):
+            assert parameter.dtype == torch.float32 and parameter.grad.dtype == torch.float32, name
+            assert torch.isfinite(parameter.grad).all(), name
+
+
+def vizdoom_gone(processes: dict[int, str]) -> None:
+    """Each of these vizdoom processes (pid -> instance id) has exited and left no /dev/shm entry."""
+    for pid, instance_id in processes.items():
+        assert not os.path.exists(f"/proc/{pid}"), f"vizdoom process {pid} still exists after close()"
+        leftovers = [name for name in os.listdir("/dev/shm") if instance_id in name]
+        assert not leftovers, f"/dev/shm entries left by vizdoom: {leftovers}"
+
+
+def doom_player_threads() -> list:
+    """The threads of a Doom match's players (env.py names them doom-player-N)."""
+    return [thread for thread in threading.enumerate() if thread.name.startswith("doom-player-")]
+
+
+@pytest.fixture
+def make_doom(tmp_path, monkeypatch):
+    """Creates Doom envs, single-player scenarios and matches alike (env.create_env with these flag
+    values); afterwards closes each twice (close is idempotent) and checks that its vizdoom
+    processes (one per agent), their /dev/shm entries and a match's player threads are gone."""
+    monkeypatch.chdir(tmp_path)  # VizDoom leaves a _vizdoom/ folder in the working directory
+    created = []  # (env, {pid: instance id})
+
+    def make(name, render_mode=None, env_index=0, **flag_values):
+        before = vizdoom_processes()
+        env = envs.create_env(name, argparse.Namespace(**flag_values), env_index=env_index, render_mode=render_mode)
+        started = {pid: iid for pid, iid in vizdoom_processes().items() if pid not in before}
+        assert len(started) == envs.get_num_agents(env), "one vizdoom process per agent"
+        created.append((env, started))
+        return env
+
+    yield make
+
+    for env, started in created:
+        env.close()
+        env.close()
+        vizdoom_gone(started)
+    assert not doom_player_threads()
 
 
 shm_entries = appo_ipc.shm_entries

@@ -20,8 +20,8 @@ from torch import nn
 
 import appo
 import appo_ipc
-from conftest import (RUN_TIMEOUT_S, cpu_seconds, gather_slots, outside_a_run, processes_still_tagged,
-                      processes_tagged)
+from conftest import (RUN_TIMEOUT_S, check_bfloat16_encoder, cpu_seconds, gather_slots, outside_a_run,
+                      processes_still_tagged, processes_tagged)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -605,19 +605,13 @@ def test_a_learner_trains_a_model_without_a_recurrent_core_or_core_over_rollout(
 
 def test_bfloat16_encoder_is_close_to_float32_and_keeps_float32_weights_and_gradients():
     """--encoder_dtype bfloat16 runs the convs and FC under autocast; what comes out, the weights
-    and their gradients are float32 and the features within bf16 rounding of the float32 ones."""
+    and their gradients are float32 and the features within bf16 rounding of the float32 ones
+    (tests/test_cuda.py makes the same check on a GPU)."""
     torch.manual_seed(2)
     model32 = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg(encoder_dtype="float32"))
     model16 = appo.ActorCritic(IMAGE_AND_VECTOR, TWO_HEADS, small_cfg(encoder_dtype="bfloat16"))
     model16.load_state_dict(model32.state_dict())
-    obs = random_obs(IMAGE_AND_VECTOR, (16,))
-    features32, features16 = model32.encode(obs), model16.encode(obs)
-    assert features16.dtype == torch.float32 and not torch.equal(features16, features32)  # it did run in bf16
-    assert (features16 - features32).norm() / features32.norm() < 0.02
-    features16.square().sum().backward()
-    for name, parameter in model16.named_parameters():
-        if name.startswith(("encoders", "fc")):
-            assert parameter.dtype == torch.float32 and parameter.grad.dtype == torch.float32, name
+    check_bfloat16_encoder(model32, model16, random_obs(IMAGE_AND_VECTOR, (16,)))
 
 
 def test_policy_workers_bfloat16_weights_act_exactly_as_autocast_does():
@@ -1342,25 +1336,6 @@ def publish_from_a_child(weights, cfg, results):
 
 # ---------------------------------------------------------------------------------------------
 # Flags
-
-@pytest.mark.parametrize("flags, message", [
-    (["--env", "doom_nope"], "unknown env 'doom_nope'"),
-    (["--num_envs_per_worker", "3", "--worker_num_splits", "2"], "--num_envs_per_worker 3 is not divisible"),
-    (["--num_envs_per_worker", "2", "--worker_num_splits", "4"], "--worker_num_splits 4 is larger"),
-    (["--batch_size", "100", "--rollout", "32"], "--batch_size 100 is not a multiple of --rollout 32"),
-    (["--rollout", "64", "--batch_size", "32"], "--rollout 64 is larger than --batch_size 32"),
-    (["--num_workers", "0"], "--num_workers must be positive"),
-    (["--learning_rate", "-1"], "--learning_rate must be positive"),
-    (["--lr_decay_frames", "0"], "--lr_decay_frames must be positive"),
-    (["--no-async_rl", "--num_workers", "2", "--num_envs_per_worker", "2", "--rollout", "32", "--batch_size", "192"],
-     "--no-async_rl needs an iteration"),
-    (["--no-async_rl", "--num_policies", "2"], "--no-async_rl is for one policy"),
-])
-def test_bad_flags_fail_before_anything_starts(flags, message, capsys, tmp_path):
-    assert appo.main(flags + ["--train_dir", str(tmp_path)]) == 2
-    assert message in capsys.readouterr().err
-    assert not os.listdir(tmp_path)  # nothing written, nothing spawned
-
 
 def test_env_defaults_apply_unless_a_flag_is_given():
     assert appo.parse_args(["--env", "doom_basic"]).env_frameskip == 4

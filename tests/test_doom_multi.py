@@ -1,10 +1,10 @@
 """Duel and deathmatch Doom envs (env.py's DoomMatchEnv, reward shaping, measurements) against real
 VizDoom games: bots hosted by one game, agents that join each other over UDP on this machine."""
 import argparse
+import functools
 import os
 import shutil
 import signal
-import threading
 from pathlib import Path
 
 import gymnasium as gym
@@ -13,7 +13,7 @@ import pytest
 import vizdoom  # in the [test] extra: a broken install must fail the suite, not skip this module
 
 import env as envs
-from conftest import vizdoom_processes
+from conftest import doom_player_threads, vizdoom_gone, vizdoom_processes
 from env import create_env, env_defaults, env_error, get_num_agents, reward_shaping_weights, set_reward_shaping
 
 DOOM_NO_TURN = envs.DOOM_TURN_DEGREES.index(0.0)  # the turn head's middle bin: no turning
@@ -28,40 +28,10 @@ def flags(**values) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-def player_threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name.startswith("doom-player-")]
-
-
 @pytest.fixture
-def make_match(tmp_path, monkeypatch):
-    """Creates Doom envs; afterwards closes them (twice: close is idempotent) and checks that every
-    vizdoom process, /dev/shm entry and player thread of theirs is gone."""
-    monkeypatch.chdir(tmp_path)  # VizDoom leaves a _vizdoom/ folder in the working directory
-    created = []  # (env, {pid: instance id})
-
-    def make(name, render_mode=None, env_index=0, **flag_values):
-        flag_values.setdefault("env_frameskip", 2)
-        before = vizdoom_processes()
-        env = create_env(name, flags(**flag_values), env_index=env_index, render_mode=render_mode)
-        started = {pid: iid for pid, iid in vizdoom_processes().items() if pid not in before}
-        assert len(started) == get_num_agents(env), "one vizdoom process per agent"
-        created.append((env, started))
-        return env
-
-    yield make
-
-    for env, started in created:
-        env.close()
-        env.close()
-        assert_gone(started)
-    assert not player_threads()
-
-
-def assert_gone(processes: dict[int, str]) -> None:
-    for pid, instance_id in processes.items():
-        assert not os.path.exists(f"/proc/{pid}"), f"vizdoom process {pid} still exists after close()"
-        leftovers = [name for name in os.listdir("/dev/shm") if instance_id in name]
-        assert not leftovers, f"/dev/shm entries left by vizdoom: {leftovers}"
+def make_match(make_doom):
+    """conftest's make_doom, at frameskip 2 unless given."""
+    return functools.partial(make_doom, env_frameskip=2)
 
 
 def random_actions(env, seed=0):
@@ -376,8 +346,8 @@ def test_many_duels_on_one_machine_get_distinct_ports(tmp_path, monkeypatch):
     finally:
         for duel in duels:
             duel.close()
-    assert_gone(processes)
-    assert not player_threads()
+    vizdoom_gone(processes)
+    assert not doom_player_threads()
 
 
 def test_reserved_ports_are_distinct_and_outside_the_ephemeral_range():

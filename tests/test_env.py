@@ -41,32 +41,6 @@ def assert_matches_space(obs, space):
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def make_doom(tmp_path, monkeypatch):
-    """Creates Doom envs; afterwards closes them (twice: close is idempotent) and checks that
-    their vizdoom processes and /dev/shm entries are gone."""
-    monkeypatch.chdir(tmp_path)  # VizDoom leaves a _vizdoom/ folder in the working directory
-    created = []  # (env, {pid: instance id})
-
-    def make(name, render_mode=None, env_index=0, **flag_values):
-        before = vizdoom_processes()
-        env = create_env(name, flags(**flag_values), env_index=env_index, render_mode=render_mode)
-        started = {pid: iid for pid, iid in vizdoom_processes().items() if pid not in before}
-        assert len(started) == 1, "each Doom env runs one vizdoom process"
-        created.append((env, started))
-        return env
-
-    yield make
-
-    for env, started in created:
-        env.close()
-        env.close()
-        for pid, instance_id in started.items():
-            assert not os.path.exists(f"/proc/{pid}"), f"vizdoom process {pid} still exists after close()"
-            leftovers = [name for name in os.listdir("/dev/shm") if instance_id in name]
-            assert not leftovers, f"/dev/shm entries left by vizdoom: {leftovers}"
-
-
 # Sample Factory's action spaces (sf_examples/vizdoom/doom/doom_utils.py); take_cover is ours.
 DOOM_ACTION_SPACES = {
     "doom_basic": gym.spaces.Discrete(4),
