@@ -1,4 +1,4 @@
-"""scripts/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
+"""bench/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
 table's figures from hand-made runs, the task probe on real VizDoom, and a real run's clean-up."""
 import argparse
 import functools
@@ -19,7 +19,7 @@ import pytest
 from conftest import processes_tagged, shm_entries, shm_left_by_this_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_learning as bench  # noqa: E402
 import appo  # noqa: E402
 import env  # noqa: E402
@@ -116,7 +116,7 @@ def test_sb3_takes_the_zoos_entry_for_the_env_or_its_newest_tuned_version(capsys
     assert "doom_basic is read beside Sample Factory, not SB3: give --trainers appo,sf" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.parse_args(["--envs", "gym:Hopper-v5", "--trainers", "appo,sb3"])
-    assert "--sb3_python: give Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes one)" in capsys.readouterr().err
+    assert "--sb3_python: give Stable-Baselines3's interpreter (bench/setup_sb3.sh makes one)" in capsys.readouterr().err
 
 
 def test_the_rank_test_counts_the_splits_at_least_as_lopsided_as_the_real_one():
@@ -1078,7 +1078,7 @@ def test_learning_mds_basin_table_is_what_the_saved_runs_and_the_probe_say():
         if final < 3000:
             lows.append(run["checkpoint"])
     assert table.count("| low |") == len(lows) > 0
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    sys.path.insert(0, os.path.join(REPO, "bench"))
     import probe_policy
     with open(os.path.join(bench.BASIN_DIR, "probe.json")) as f:
         saved = {os.path.basename(report["checkpoint"]): report for report in json.load(f)["reports"]}

@@ -1,4 +1,4 @@
-"""The chaos run (scripts/chaos.py), short: a real training whose rollout workers, policy workers
+"""The chaos run (bench/chaos.py), short: a real training whose rollout workers, policy workers
 and game processes are SIGKILLed every ~2 s, some at the instants the IPC review found dangerous
 (a policy worker while a split steps, a rollout worker with a slot in flight): doom_basic
 collecting asynchronously, and atari_breakout collecting synchronously (parked splits must resume,
@@ -16,7 +16,7 @@ import pytest
 from conftest import RUN_TIMEOUT_S
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(TESTS), "scripts", "chaos.py")
+SCRIPT = os.path.join(os.path.dirname(TESTS), "bench", "chaos.py")
 
 
 @pytest.mark.parametrize("config, warmup_s, quiet_end_s, least_kills",
