@@ -18,7 +18,7 @@ import pytest
 
 from conftest import processes_tagged, shm_entries, shm_left_by_this_run
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/bench/ is two below
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_learning as bench  # noqa: E402
 import appo  # noqa: E402
@@ -171,6 +171,24 @@ def test_any_change_to_the_trainer_or_the_flags_changes_the_saved_configurations
     args.appo_flags = ""
     monkeypatch.setattr(bench, "appo_code_hash", lambda: "edited")
     assert key != bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
+
+
+def test_the_saved_sb3_and_sample_factory_runs_keep_the_setup_hash_the_bench_gives_now():
+    """An SB3 or Sample Factory run's key holds its setup script's hash ("setup"), which covers the
+    script's path with its bytes. The scripts moved from scripts/ to bench/ and are hashed under their
+    old names: the saved runs are still ones the bench would make, found rather than run again."""
+    setups = {}
+    for path in glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"), recursive=True):
+        run = bench.load_result(path)
+        if isinstance(run, dict) and isinstance(run.get("config"), dict) and "setup" in run["config"]:
+            setups.setdefault(run["config"]["trainer"], set()).add(run["config"]["setup"])
+    given = os.path.join(REPO, "docs", "bench", "gym_crossover", "sb3_at_appo_defaults.json")  # (no zoo to ask)
+    sb3 = bench.run_config(bench.parse_args(["--envs", "gym:Hopper-v5", "--trainers", "sb3", "--report_only",
+                                             "--sb3_hyperparams", given]), "sb3", "gym:Hopper-v5", 1)
+    sf = bench.run_config(bench.parse_args(["--envs", "doom_basic", "--trainers", "sf", "--report_only"]), "sf",
+                          "doom_basic", 1)
+    assert sb3["setup"] == bench.setup_hash("setup_sb3.sh") and sb3["setup"] in setups["sb3"]
+    assert sf["setup"] == bench.setup_hash("setup_sample_factory.sh") and sf["setup"] in setups["sf"]
 
 
 def test_the_report_shows_runs_of_earlier_code_and_says_so(monkeypatch, tmp_path, capsys):
