@@ -15,7 +15,7 @@ import pytest
 import appo
 from conftest import RUN_TIMEOUT_S, process_running, processes_still_tagged, processes_tagged
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/bench/ is two below
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_learner  # noqa: E402
 import bench_policy_worker  # noqa: E402

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import processes_tagged, shm_entries, shm_left_by_this_run
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/bench/ is two below
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_learning as bench  # noqa: E402
 import appo  # noqa: E402

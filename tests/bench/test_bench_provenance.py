@@ -12,7 +12,7 @@ import torch
 
 import appo
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/bench/ is two below
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_policy_worker  # noqa: E402
 import bench_throughput  # noqa: E402

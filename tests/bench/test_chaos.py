@@ -15,7 +15,7 @@ import sys
 import pytest
 from conftest import RUN_TIMEOUT_S
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/bench/ is two below
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
 SCRIPT = os.path.join(REPO, "bench", "chaos.py")
 
 

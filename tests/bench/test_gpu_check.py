@@ -13,7 +13,7 @@ import zipfile
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/bench/ is two below
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import gpu_check  # noqa: E402
 from conftest import process_running  # noqa: E402

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/bench/ is two below
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import probe_policy  # noqa: E402
 
