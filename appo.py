@@ -3357,7 +3357,7 @@ class Learner:
                         break
                     except queue.Full:
                         continue
-        finally:  # at the end every slot is free or with a rollout worker (scripts/chaos.py counts them)
+        finally:  # at the end every slot is free or with a rollout worker (bench/chaos.py counts them)
             if pending:
                 self.shared.slots.control.release(pending)
 
@@ -4201,7 +4201,7 @@ def train(cfg, watch: Callable[[Shared, "Supervisor | SerialRun", Stats], None] 
     go to train.log in the experiment's folder. From Python: cfg = parse_args([...flags]), then
     flag_errors(cfg) and start_afresh(cfg) (what main() does first), then train(cfg); see
     scripts/tools/optuna_search.py. `watch`, if given, is called every round of the runner's loop with
-    the shared state, the workers and the runner's stats (scripts/chaos.py kills processes from
+    the shared state, the workers and the runner's stats (bench/chaos.py kills processes from
     there and checks that the run recovers)."""
     log = "train.log" if cfg.rank == 0 else f"train_rank{cfg.rank}.log"
     with lines_also_to(os.path.join(experiment_dir(cfg), log)):

@@ -73,7 +73,7 @@ Problem = "tuple[type[Exception], str] | None"  # why an env cannot be made here
 # Each built-in family's flag_defaults: its frameskip and gamma, then Sample Factory 2.1.1's
 # published configuration for the family (the defaults of its sample_factory/cfg/cfg.py, with
 # sf_examples/vizdoom/doom/doom_params.py or sf_examples/atari/atari_params.py on top) wherever
-# appo.py's own defaults differ. Not tuned to any one env: scripts/bench_learning.py measures them
+# appo.py's own defaults differ. Not tuned to any one env: bench/bench_learning.py measures them
 # across the family, and a change needs its table.
 @dataclass(frozen=True)
 class Family:

@@ -230,7 +230,7 @@ def shm_entries() -> set[str]:
 def shm_holders(names) -> dict[str, set[int]]:
     """For each of `names` in /dev/shm, the live processes that map it or hold it open: how a leak
     check on a shared machine tells another run's live segments from what its own run left (the
-    tests' leak check, scripts/chaos.py). Matched by inode, since the process that makes a POSIX
+    tests' leak check, bench/chaos.py). Matched by inode, since the process that makes a POSIX
     semaphore maps it under the temporary name glibc made it as."""
     names_of = {}
     for name in names:

@@ -1514,7 +1514,7 @@ def learner_on_real_slots(cfg, num_slots: int):
 
 @pytest.mark.parametrize("async_rl", [False, True])
 def test_a_synchronous_batch_frees_a_slot_begun_by_older_weights_and_its_actor_is_not_parked(tmp_path, async_rl):
-    """--no-async_rl after a restart (scripts/chaos.py met it in CI): a rollout worker restarted
+    """--no-async_rl after a restart (bench/chaos.py met it in CI): a rollout worker restarted
     after its predecessor had handed its share acts its first slot with the weights the learner is
     training from. The learner frees that slot unused instead of training the next batch on it (lag 1,
     and every later batch a slot behind). Asynchronously, the same slot is trained on, a version

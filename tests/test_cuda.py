@@ -2,7 +2,7 @@
 learner batches, bfloat16 autocast, checkpoints moving between GPU and CPU.
 
 Every test here needs a CUDA GPU and is skipped, with the reason, where torch sees none (CI and
-the development machines have none). scripts/gpu_check.py runs this file on a GPU machine; its
+the development machines have none). bench/gpu_check.py runs this file on a GPU machine; its
 dry run (--device cpu) sets APPO_CUDA_TESTS_ON_CPU=1, which runs the same tests with the CPU in
 the GPU's place: that checks the tests' own logic, not CUDA.
 """
@@ -22,7 +22,7 @@ from conftest import check_bfloat16_encoder, gather_slots, outside_a_run
 
 ON_CPU = os.environ.get("APPO_CUDA_TESTS_ON_CPU") == "1" and not torch.cuda.is_available()
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or ON_CPU),
-                                reason="needs a CUDA GPU (torch sees none): scripts/gpu_check.py runs it on one")
+                                reason="needs a CUDA GPU (torch sees none): bench/gpu_check.py runs it on one")
 
 CUDA = torch.device("cpu" if ON_CPU else "cuda")  # the GPU, or the CPU standing in for it in a dry run
 

@@ -644,7 +644,7 @@ except Exception as error:
 
 
 def test_vizdoom_segfaults_its_host_when_its_game_process_dies_while_starting(tmp_path):
-    """Why scripts/chaos.py allows a rollout worker restart for a game process it kills while the
+    """Why bench/chaos.py allows a rollout worker restart for a game process it kills while the
     game starts: VizDoom 1.3's DoomController::init reads its game state before it has opened the
     game's shared memory when the game dies then, and the host process segfaults (docs/faults.md).
     A game killed once started raises instead, and the rollout worker recreates the env. If the

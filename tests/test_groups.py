@@ -16,7 +16,7 @@ from test_pettingzoo import run_appo
 from conftest import free_handed_slots
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(REPO, "scripts"), os.path.join(REPO, "scripts", "tools")]
+sys.path[:0] = [os.path.join(REPO, "bench"), os.path.join(REPO, "scripts", "tools")]
 import bench_groups  # noqa: E402
 import random_play  # noqa: E402
 
@@ -148,7 +148,7 @@ def test_a_mixed_env_trains_with_no_flag_but_env_then_evaluates_per_group_and_re
     out = played.stdout + played.stderr
     assert played.returncode == 0, out[-3000:]
     assert "group 0 (a, b; policy 0): mean return" in out and "group 1 (c; policy 1): mean return" in out
-    assert len(bench_groups.GROUP_LINE.findall(out)) == 2  # what scripts/bench_groups.py reads
+    assert len(bench_groups.GROUP_LINE.findall(out)) == 2  # what bench/bench_groups.py reads
     against_random = run_appo(tmp_path, UNEQUAL, "--mode", "eval", "--experiment", "mixed", "--max_num_episodes", "3",
                               "--agent_policies", "a=0,b=0,c=random", "--seed", "1")
     out = against_random.stdout + against_random.stderr

@@ -3,8 +3,8 @@
 its actions as training did, and prints one JSON line: the return, how wide and how saturated its
 actions are, and for MuJoCo's planar walkers the posture and speed of the torso.
 
-    python scripts/probe_policy.py docs/bench/gym_basin/gym:HalfCheetah-v5/appo_seed1.pth
-    python scripts/probe_policy.py CHECKPOINT --episodes 5 --deterministic
+    python bench/probe_policy.py docs/bench/gym_basin/gym:HalfCheetah-v5/appo_seed1.pth
+    python bench/probe_policy.py CHECKPOINT --episodes 5 --deterministic
 
 Posture and speed are read from the observation at the indices gymnasium documents for the v5 envs
 (POSTURE): obs[1] is the torso's pitch (qpos[2], radians; 0 upright, +-pi upside down) and the first

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Plays one fixed action sequence in an env as appo.py makes it, or as Sample Factory makes it,
-and prints what the game showed and paid, so that scripts/bench_learning.py can check that both
+and prints what the game showed and paid, so that bench/bench_learning.py can check that both
 trainers learn the same task.
 
-    python scripts/task_probe.py --trainer appo --env doom_basic --out appo.npz
-    .venv-sf/bin/python scripts/task_probe.py --trainer sf --env doom_basic --out sf.npz
+    python bench/task_probe.py --trainer appo --env doom_basic --out appo.npz
+    .venv-sf/bin/python bench/task_probe.py --trainer sf --env doom_basic --out sf.npz
 
 Doom: it saves (--out, .npz) the game's own screen at every step (before any resizing, which
 legitimately differs between the trainers), the training reward the learner sees and whether the
@@ -38,7 +38,7 @@ def sample_factory_env(name: str):
     from sample_factory.cfg.arguments import parse_full_cfg, parse_sf_args
 
     if name.startswith("doom_"):
-        import sf_train_vizdoom_extra  # noqa: F401  (adds doom_take_cover; scripts/setup_sample_factory.sh)
+        import sf_train_vizdoom_extra  # noqa: F401  (adds doom_take_cover; bench/setup_sample_factory.sh)
         from sf_examples.vizdoom.doom.doom_params import add_doom_env_args, doom_override_defaults
         from sf_examples.vizdoom.doom.doom_utils import doom_env_by_name, make_doom_env_from_spec
 

@@ -1,4 +1,4 @@
-"""scripts/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
+"""bench/bench_learning.py: its configuration keys, its reading of both trainers' summaries, the
 table's figures from hand-made runs, the task probe on real VizDoom, and a real run's clean-up."""
 import argparse
 import functools
@@ -18,8 +18,8 @@ import pytest
 
 from conftest import processes_tagged, shm_entries, shm_left_by_this_run
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
+sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_learning as bench  # noqa: E402
 import appo  # noqa: E402
 import env  # noqa: E402
@@ -116,7 +116,7 @@ def test_sb3_takes_the_zoos_entry_for_the_env_or_its_newest_tuned_version(capsys
     assert "doom_basic is read beside Sample Factory, not SB3: give --trainers appo,sf" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         bench.parse_args(["--envs", "gym:Hopper-v5", "--trainers", "appo,sb3"])
-    assert "--sb3_python: give Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes one)" in capsys.readouterr().err
+    assert "--sb3_python: give Stable-Baselines3's interpreter (bench/setup_sb3.sh makes one)" in capsys.readouterr().err
 
 
 def test_the_rank_test_counts_the_splits_at_least_as_lopsided_as_the_real_one():
@@ -171,6 +171,24 @@ def test_any_change_to_the_trainer_or_the_flags_changes_the_saved_configurations
     args.appo_flags = ""
     monkeypatch.setattr(bench, "appo_code_hash", lambda: "edited")
     assert key != bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
+
+
+def test_the_saved_sb3_and_sample_factory_runs_keep_the_setup_hash_the_bench_gives_now():
+    """An SB3 or Sample Factory run's key holds its setup script's hash ("setup"), which covers the
+    script's path with its bytes. The scripts moved from scripts/ to bench/ and are hashed under their
+    old names: the saved runs are still ones the bench would make, found rather than run again."""
+    setups = {}
+    for path in glob.glob(os.path.join(REPO, "docs", "bench", "**", "*.json"), recursive=True):
+        run = bench.load_result(path)
+        if isinstance(run, dict) and isinstance(run.get("config"), dict) and "setup" in run["config"]:
+            setups.setdefault(run["config"]["trainer"], set()).add(run["config"]["setup"])
+    given = os.path.join(REPO, "docs", "bench", "gym_crossover", "sb3_at_appo_defaults.json")  # (no zoo to ask)
+    sb3 = bench.run_config(bench.parse_args(["--envs", "gym:Hopper-v5", "--trainers", "sb3", "--report_only",
+                                             "--sb3_hyperparams", given]), "sb3", "gym:Hopper-v5", 1)
+    sf = bench.run_config(bench.parse_args(["--envs", "doom_basic", "--trainers", "sf", "--report_only"]), "sf",
+                          "doom_basic", 1)
+    assert sb3["setup"] == bench.setup_hash("setup_sb3.sh") and sb3["setup"] in setups["sb3"]
+    assert sf["setup"] == bench.setup_hash("setup_sample_factory.sh") and sf["setup"] in setups["sf"]
 
 
 def test_the_report_shows_runs_of_earlier_code_and_says_so(monkeypatch, tmp_path, capsys):
@@ -1078,7 +1096,7 @@ def test_learning_mds_basin_table_is_what_the_saved_runs_and_the_probe_say():
         if final < 3000:
             lows.append(run["checkpoint"])
     assert table.count("| low |") == len(lows) > 0
-    sys.path.insert(0, os.path.join(REPO, "scripts"))
+    sys.path.insert(0, os.path.join(REPO, "bench"))
     import probe_policy
     with open(os.path.join(bench.BASIN_DIR, "probe.json")) as f:
         saved = {os.path.basename(report["checkpoint"]): report for report in json.load(f)["reports"]}

@@ -15,8 +15,8 @@ import pytest
 import appo
 from conftest import RUN_TIMEOUT_S, process_running, processes_still_tagged, processes_tagged
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
+sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_learner  # noqa: E402
 import bench_policy_worker  # noqa: E402
 import bench_throughput as bench  # noqa: E402
@@ -196,7 +196,7 @@ def test_steady_windows_report_the_median_and_the_worst_window():
 @pytest.mark.slow
 def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     tag = uuid.uuid4().hex
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "doom_basic",
+    command = [sys.executable, os.path.join(REPO, "bench", "bench_throughput.py"), "--env", "doom_basic",
                "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1",
                "--batch_size", "128", "--rollout", "16", "--legs", "pure,pure_episodes,gpu_time,ours,ours_fp32",
                "--pure_episode_frames", "24", "--seconds", "4", "--warmup", "0", "--report_every", "2", "--json",
@@ -239,7 +239,7 @@ def test_pure_sim_both_kinds_gpu_time_and_our_trainer_on_doom_basic(tmp_path):
     assert len(saved["provenance"]["commit"]) == 40 and "--legs" in saved["provenance"]["command"]
     assert saved["provenance"]["cpu_bfloat16"] == appo.native_bfloat16("cpu")  # what auto went by
     assert (ours_dtype == "bfloat16") == saved["provenance"]["cpu_bfloat16"]
-    report = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--report",
+    report = subprocess.run([sys.executable, os.path.join(REPO, "bench", "bench_throughput.py"), "--report",
                              str(tmp_path / "result.json")], capture_output=True, text=True, timeout=120)
     assert report.returncode == 0 and "doom_basic" in report.stdout and "# commit:" in report.stdout, report.stderr
     assert "gpu_time on cpu: forward at batch" in report.stdout, report.stdout
@@ -297,7 +297,7 @@ def test_a_report_of_several_result_files_gives_each_its_row_with_flags_commit_a
     """--report A B: configurations side by side (the ResNet and pinning tables of the throughput
     page come from it), from --out files and from the figures-only files --json printed before."""
     result = {"env": "doom_basic", "runs": {"ours": [{"fps": 4000.0}, {"fps": 4200.0}, {"fps": 4100.0}]}}
-    with_out = {"provenance": {"command": "python scripts/bench_throughput.py --env doom_basic -- --encoder resnet",
+    with_out = {"provenance": {"command": "python bench/bench_throughput.py --env doom_basic -- --encoder resnet",
                                "commit": "0123456789abcdef"}, "results": [result]}
     (tmp_path / "a.json").write_text(json.dumps(with_out))
     (tmp_path / "b.json").write_text(json.dumps({"env": "atari_breakout", "runs": {"ours": [{"fps": 2308.0}]}}))
@@ -308,9 +308,9 @@ def test_a_report_of_several_result_files_gives_each_its_row_with_flags_commit_a
 
 
 def test_the_policy_worker_benchmark_splits_act_on_into_the_forward_and_the_rest():
-    """scripts/bench_policy_worker.py on this tree, one batch size, briefly: it answers every
+    """bench/bench_policy_worker.py on this tree, one batch size, briefly: it answers every
     request (it stops with an error otherwise) and reports the forward inside act_on."""
-    run = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "bench_policy_worker.py"), "--json",
+    run = subprocess.run([sys.executable, os.path.join(REPO, "bench", "bench_policy_worker.py"), "--json",
                           "--batches", "8", "--seconds", "0"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
                          check=True)
     result = json.loads(run.stdout)
@@ -377,7 +377,7 @@ def test_each_legs_figures_are_in_the_partial_file_as_the_leg_ends_and_stay_ther
     (gpu_check at its deadline) keeps the legs that finished. Stopped here during the ours leg."""
     tag = uuid.uuid4().hex
     partial = tmp_path / "partial.json"
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", "gym:CartPole-v1",
+    command = [sys.executable, os.path.join(REPO, "bench", "bench_throughput.py"), "--env", "gym:CartPole-v1",
                "--num_workers", "1", "--num_envs_per_worker", "2", "--worker_num_splits", "1", "--legs", "pure,ours",
                "--seconds", "1", "--warmup", "300", "--json", "--partial", str(partial), "--", "--device", "cpu"]
     bench_process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py: how it reads a training run, and what it does on a machine with no GPU.
+"""bench/gpu_check.py: how it reads a training run, and what it does on a machine with no GPU.
 (Its full dry run, `run --device cpu`, takes minutes: docs/gpu.md gives the command.)"""
 import json
 import os
@@ -13,8 +13,8 @@ import zipfile
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
+sys.path.insert(0, os.path.join(REPO, "bench"))
 import gpu_check  # noqa: E402
 from conftest import process_running  # noqa: E402
 
@@ -41,7 +41,7 @@ def test_without_a_gpu_a_cuda_check_fails_at_the_machine_step_says_why_and_skips
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "gpu_check.py"), "run", "--device", "cuda",
+    result = subprocess.run([sys.executable, os.path.join(REPO, "bench", "gpu_check.py"), "run", "--device", "cuda",
                              "--out", str(out), "--wheels", str(tmp_path / "no_wheels"),
                              "--pack", str(tmp_path / "no_pack.tar.xz"), "--sf_wheels", str(tmp_path / "no_sf_wheels")],
                             capture_output=True, text=True, timeout=300)
@@ -158,7 +158,7 @@ def test_the_prepared_check_runs_what_has_not_passed_with_the_like_for_like_legs
     assert float(rows["doom_2pw"][2]) == 455  # (docs/gpu.md prints this plan)
     with open(os.path.join(REPO, "docs", "gpu.md")) as f:
         doc = f.read()
-    assert "python3 scripts/gpu_check.py run --out OUT " + " ".join(gpu_check.PREPARED_FLAGS) in doc
+    assert "python3 bench/gpu_check.py run --out OUT " + " ".join(gpu_check.PREPARED_FLAGS) in doc
     assert gpu_check.plan(args) in doc  # the plan the page prints is the script's
 
 
@@ -336,7 +336,7 @@ def test_prepare_run_by_a_python_without_the_projects_packages_stops_first_and_n
     assert gpu_check.project_versions(["gymnasium"])["gymnasium"]
     # this Python without its site-packages (-S): none of the project's packages, and nothing downloaded
     wheels = tmp_path / "wheels"
-    result = subprocess.run([sys.executable, "-S", os.path.join(REPO, "scripts", "gpu_check.py"), "prepare",
+    result = subprocess.run([sys.executable, "-S", os.path.join(REPO, "bench", "gpu_check.py"), "prepare",
                              "--wheels", str(wheels), "--sf_wheels", str(tmp_path / "sf"),
                              "--pack", str(tmp_path / "pack.tar.xz")], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "is missing vizdoom, gymnasium, ale-py" in result.stderr, result.stderr

@@ -3,7 +3,7 @@
 meanings or family defaults: each saved appo.py configuration (docs/bench/learning and
 docs/bench/ablations) resolved at an older commit and here, compared by the SGD work it sets.
 
-    python scripts/same_sgd_work.py 6d15385
+    python bench/same_sgd_work.py 6d15385
 
 Prints one line a configuration, SAME or DIFFERENT (samples an iteration, minibatch, epochs,
 collection, learning rate and schedule), and exits 1 if any differs.

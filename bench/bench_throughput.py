@@ -12,7 +12,7 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
   gpu_time   the model's two jobs timed apart, in this process, with no env: a forward pass at
              the policy worker's precision at the batch it really forms (the ours leg's mean
              inference batch when its status line gives one, else --inference_batch), and one
-             learner train_step (scripts/bench_learner.py); wall-clock ms and, on a GPU, CUDA
+             learner train_step (bench/bench_learner.py); wall-clock ms and, on a GPU, CUDA
              event ms and kernel ms, each reported on its own: they run in different processes
              and streams, so neither their sum nor their minimum bounds the trainer (on the CPU,
              wall clock on one thread only)
@@ -25,7 +25,7 @@ For one env and one configuration (workers, envs per worker, splits, batch, roll
   sf         Sample Factory 2.1.1 with the same configuration, the same SGD work per batch
              (epochs, minibatches), collection mode, policy workers and device (`--device gpu`
              where ours runs on cuda), from its own log (needs --sf_python;
-             scripts/setup_sample_factory.sh makes that interpreter, scripts/gpu_check.py a
+             bench/setup_sample_factory.sh makes that interpreter, bench/gpu_check.py a
              wrapper on a GPU machine)
 
 Both trainers are measured alike: FPS is env frames *trained* per second (frameskip included;
@@ -40,10 +40,10 @@ measured so far: what is left when the bench is stopped part-way); `--sweep 2,4,
 `--seconds` (after `--warmup` for the trainers); `--repeats N` runs each leg N times and reports
 medians. Nothing is left running or in /dev/shm afterwards.
 
-  python scripts/bench_throughput.py --env doom_basic
-  python scripts/bench_throughput.py --env atari_breakout --sf_python .venv-sf/bin/python --repeats 3
-  python scripts/bench_throughput.py --sweep 2,4,8,16 --legs pure,ours --plot docs/fps_vs_envs.png
-  python scripts/bench_throughput.py --report A.json B.json   # configurations side by side, from --out files
+  python bench/bench_throughput.py --env doom_basic
+  python bench/bench_throughput.py --env atari_breakout --sf_python .venv-sf/bin/python --repeats 3
+  python bench/bench_throughput.py --sweep 2,4,8,16 --legs pure,ours --plot docs/fps_vs_envs.png
+  python bench/bench_throughput.py --report A.json B.json   # configurations side by side, from --out files
 """
 import argparse
 import contextlib
@@ -145,7 +145,7 @@ def parse_args():
         legs.remove("sf")
     elif args.sf_python and not os.access(args.sf_python, os.X_OK):
         parser.error(f"--sf_python {args.sf_python} is not an executable; make one with "
-                     "scripts/setup_sample_factory.sh")
+                     "bench/setup_sample_factory.sh")
     args.legs = legs
     if args.sf_python:  # its runs start in other folders
         args.sf_python = os.path.abspath(args.sf_python)
@@ -384,7 +384,7 @@ def run_logged_until(command: list[str], seconds_after_start: float, started, cw
     `seconds_after_start` after the first line for which started(line) holds, so that every
     trainer's warm-up counts from the same event, or `first_line_s` after launch if none has come
     by then. `on_line(process, line)`, if given, is called as each line arrives
-    (scripts/cpu_accounting.py reads /proc then). Whatever the command leaves behind (processes,
+    (bench/cpu_accounting.py reads /proc then). Whatever the command leaves behind (processes,
     VizDoom's /dev/shm files) is removed."""
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True, env=env)
@@ -463,7 +463,7 @@ OURS_BATCH = re.compile(r"\binference batch (\d+)")  # the policy workers' mean 
 def ours_only_flags(args) -> list[str]:
     """The bench's flags for appo.py beyond the shared configuration; Sample Factory gets ours'
     resolved values instead (same_resources_for_sample_factory), so that appo.py's defaults reach it."""
-    workers = getattr(args, "policy_workers_per_policy", None)  # scripts/cpu_accounting.py's args have none
+    workers = getattr(args, "policy_workers_per_policy", None)  # bench/cpu_accounting.py's args have none
     return ["--policy_workers_per_policy", str(workers)] if workers else []
 
 
@@ -516,7 +516,7 @@ def measure_ours(args, flags: list[str], extra_flags: tuple[str, ...] = ()) -> d
 
 SF_FPS = re.compile(r"Fps is \(10 sec: (nan|[\d.]+),")
 SF_TOTAL = re.compile(r"Total num frames: (\d+)")
-# scripts/setup_sample_factory.sh installs sf_train_atari_ale: Sample Factory's Atari launcher with
+# bench/setup_sample_factory.sh installs sf_train_atari_ale: Sample Factory's Atari launcher with
 # ale-py imported first (ale-py 0.9 registers the Atari ids only when imported, and Sample Factory's
 # spawned workers re-import the launcher module, so a `python -c` wrapper is not enough).
 SF_MODULES = {"doom": "sf_examples.vizdoom.train_vizdoom", "atari": "sf_train_atari_ale"}
@@ -779,7 +779,7 @@ def provenance(args) -> dict:
     (trainer, C++ core, this bench), the files of those that differed from it, the machine."""
     def git(*command):
         return subprocess.run(["git", *command], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    uncommitted = git("status", "--porcelain", "--", "appo.py", "env.py", "csrc", "scripts", "setup.py")
+    uncommitted = git("status", "--porcelain", "--", "appo.py", "env.py", "csrc", "bench", "scripts", "setup.py")
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
     script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
     return {"command": " ".join(["python", script, *sys.argv[1:]]), "commit": git("rev-parse", "HEAD"),

@@ -1,4 +1,4 @@
-"""scripts/probe_policy.py: what a gym: checkpoint does beyond its score (real MuJoCo, a real
+"""bench/probe_policy.py: what a gym: checkpoint does beyond its score (real MuJoCo, a real
 short training)."""
 import glob
 import json
@@ -10,8 +10,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
+sys.path.insert(0, os.path.join(REPO, "bench"))
 import probe_policy  # noqa: E402
 
 pytest.importorskip("mujoco")
@@ -42,7 +42,7 @@ def test_the_probe_plays_a_trained_checkpoint_and_reports_its_posture(tmp_path):
                          timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     checkpoint = sorted(glob.glob(str(tmp_path / "cheetah" / "checkpoint_p0" / "*.pth")))[-1]
-    probe = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "probe_policy.py"), checkpoint,
+    probe = subprocess.run([sys.executable, os.path.join(REPO, "bench", "probe_policy.py"), checkpoint,
                             "--episodes", "1"], capture_output=True, text=True, timeout=600)
     assert probe.returncode == 0, probe.stderr
     report = json.loads(probe.stdout.strip().splitlines()[-1])

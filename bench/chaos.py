@@ -1,10 +1,10 @@
 """Chaos run: a real training while a killer SIGKILLs its processes, and a report of what the run
 lost (it should be nothing).
 
-    python scripts/chaos.py                       # 10 minutes, a kill every ~5 s (the figures in docs/faults.md)
-    python scripts/chaos.py --minutes 1 --kill_every 2 --json chaos.json
-    python scripts/chaos.py --config synchronous  # atari_breakout, synchronous collection
-    python scripts/chaos.py --least_kills 6 --minutes 4 --kill_every 2  # until 6 kills, every kind among them
+    python bench/chaos.py                       # 10 minutes, a kill every ~5 s (the figures in docs/faults.md)
+    python bench/chaos.py --minutes 1 --kill_every 2 --json chaos.json
+    python bench/chaos.py --config synchronous  # atari_breakout, synchronous collection
+    python bench/chaos.py --least_kills 6 --minutes 4 --kill_every 2  # until 6 kills, every kind among them
 
 The run: 2 rollout workers x 2 splits, 2 policy workers, one learner (appo.train in this process;
 the killer runs in its `watch` callback), on doom_basic collecting asynchronously (--config
@@ -392,7 +392,7 @@ def main() -> int:
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()  # the code this run loads
     uncommitted = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "appo.py", "env.py", "csrc",
-                                  "scripts/chaos.py"], capture_output=True, text=True).stdout.split("\n")
+                                  "bench/chaos.py"], capture_output=True, text=True).stdout.split("\n")
     uncommitted = [line[3:] for line in uncommitted if line.strip()]  # files that differ from the commit
     killer = Killer(args, cfg)
     started = time.monotonic()

@@ -1,6 +1,6 @@
 """Soak test: one long training run, watched from outside for memory growth, FPS drift and leaks.
 
-    python scripts/soak.py --minutes 30 -- --env doom_basic --num_workers 2 --num_envs_per_worker 8
+    python bench/soak.py --minutes 30 -- --env doom_basic --num_workers 2 --num_envs_per_worker 8
 
 Everything after `--` goes to appo.py (the script adds --train_for_seconds, --train_dir and
 --experiment). Every --sample_sec it records each process of the run (the runner, its children

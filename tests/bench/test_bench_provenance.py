@@ -12,8 +12,8 @@ import torch
 
 import appo
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
+sys.path.insert(0, os.path.join(REPO, "bench"))
 import bench_policy_worker  # noqa: E402
 import bench_throughput  # noqa: E402
 

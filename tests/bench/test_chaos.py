@@ -1,4 +1,4 @@
-"""The chaos run (scripts/chaos.py), short: a real training whose rollout workers, policy workers
+"""The chaos run (bench/chaos.py), short: a real training whose rollout workers, policy workers
 and game processes are SIGKILLed every ~2 s, some at the instants the IPC review found dangerous
 (a policy worker while a split steps, a rollout worker with a slot in flight): doom_basic
 collecting asynchronously, and atari_breakout collecting synchronously (parked splits must resume,
@@ -15,8 +15,8 @@ import sys
 import pytest
 from conftest import RUN_TIMEOUT_S
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(TESTS), "scripts", "chaos.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # two levels above tests/bench/
+SCRIPT = os.path.join(REPO, "bench", "chaos.py")
 
 
 @pytest.mark.parametrize("config, warmup_s, quiet_end_s, least_kills",
@@ -49,7 +49,7 @@ def test_a_run_whose_workers_are_killed_every_two_seconds_loses_nothing(tmp_path
 
 def test_the_table_of_the_runs_beside_a_training_is_the_one_their_files_make():
     """docs/bench/chaos/README.md quotes the runs' figures as `chaos.py --table` prints them."""
-    bench = os.path.join(os.path.dirname(TESTS), "docs", "bench", "chaos")
+    bench = os.path.join(REPO, "docs", "bench", "chaos")
     files = sorted(os.path.join(bench, "beside_doom_basic", name) for name in os.listdir(os.path.join(bench, "beside_doom_basic"))
                    if name.endswith(".json"))
     table = subprocess.run([sys.executable, SCRIPT, "--table", *files], capture_output=True, text=True,

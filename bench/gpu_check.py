@@ -2,11 +2,11 @@
 """The whole GPU check in one command: does appo.py's --device cuda path work on this machine, how
 fast does it train next to pure simulation and Sample Factory, and where does a step's time go.
 
-    python scripts/gpu_check.py prepare              # here: wheels for the GPU machine, packed into .whl-pack/
-    python scripts/gpu_check.py plan                 # here: when each step would start and end (runs nothing)
-    python3 scripts/gpu_check.py run --out OUT       # there: the check, results in OUT/
-    python scripts/gpu_check.py run --device cpu --out /tmp/gpu_check   # a dry run with no GPU
-    python3 scripts/gpu_check.py run --out OUT --steps cuda_tests,train,sigkill,eval,doom_1pw,doom_2pw \
+    python bench/gpu_check.py prepare              # here: wheels for the GPU machine, packed into .whl-pack/
+    python bench/gpu_check.py plan                 # here: when each step would start and end (runs nothing)
+    python3 bench/gpu_check.py run --out OUT       # there: the check, results in OUT/
+    python bench/gpu_check.py run --device cpu --out /tmp/gpu_check   # a dry run with no GPU
+    python3 bench/gpu_check.py run --out OUT --steps cuda_tests,train,sigkill,eval,doom_1pw,doom_2pw \
         --extra_legs ours_fp32 --skip_legs pure,doom_1pw:sf     # what has not passed on a GPU (PREPARED_FLAGS)
 
 `run` does these steps in this order (by value: a check stopped at its deadline has done the most
@@ -30,15 +30,15 @@ OUT/steps.log:
                  outlive it by 30 s, and what it leaves in /dev/shm (both removed afterwards)
   eval           plays the train step's checkpoint with --mode eval on --device; its mean episode
                  length is where the pure_episodes leg cuts episodes (unless --pure_episode_frames)
-  doom_1pw       scripts/bench_throughput.py on doom_basic at every core with one policy worker per
+  doom_1pw       bench/bench_throughput.py on doom_basic at every core with one policy worker per
                  policy: pure simulation (random actions), ours, Sample Factory (same flags, SGD work,
                  policy workers, on the GPU); --extra_legs adds ours_fp32 (ours at Sample Factory's
                  float32: like for like), pure_episodes (episodes cut at the eval's length) and
                  gpu_time (the forward pass at ours' mean batch and the learner's step, timed apart)
   doom_2pw       ours and Sample Factory with two policy workers per policy; --extra_legs adds
                  ours_fp32 here too
-  micro_policy   scripts/bench_policy_worker.py --device, where this tree has it
-  micro_learner  scripts/bench_learner.py: ms per learner train_step, wall clock and GPU, and host
+  micro_policy   bench/bench_policy_worker.py --device, where this tree has it
+  micro_learner  bench/bench_learner.py: ms per learner train_step, wall clock and GPU, and host
                  syncs per step, on doom_basic's model at batch 512
   atari          atari_breakout at its synchronous defaults: pure simulation, ours, Sample Factory
 
@@ -334,7 +334,7 @@ def prepare(args):
     pack({"whl": args.wheels, "whl-sf": args.sf_wheels}, args.pack)
     print(f"{os.path.getsize(args.pack) / 2**20:.1f} MiB in {args.pack}")
     print("on the GPU machine, from the repository root, with .whl-pack carried: "
-          "python3 scripts/gpu_check.py run --out OUT")
+          "python3 bench/gpu_check.py run --out OUT")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,7 +571,7 @@ def step_packages(check: Check):
         if problem:
             check.sf_missing = f"Sample Factory's wheels: {problem}"
         else:
-            shutil.copy(os.path.join(REPO, "scripts", "sf_train_atari_ale.py"), site)
+            shutil.copy(os.path.join(REPO, "bench", "sf_train_atari_ale.py"), site)
             check.sf_python = write_sf_wrapper(os.path.join(check.work, "sf_python"), site, sys.executable)
             check.sf_missing = None
             details.update(sf_installed=[os.path.basename(wheel) for wheel in sf_wheels + shared], sf_into=site)
@@ -811,9 +811,9 @@ def json_in(output: str) -> dict | None:
 
 def step_micro_policy(check: Check):
     """The policy worker's micro-benchmark, where this tree has it (another branch writes it)."""
-    script = os.path.join(REPO, "scripts", "bench_policy_worker.py")
+    script = os.path.join(REPO, "bench", "bench_policy_worker.py")
     if not os.path.exists(script):
-        return "skipped", {"reason": "scripts/bench_policy_worker.py is not in this tree"}
+        return "skipped", {"reason": "bench/bench_policy_worker.py is not in this tree"}
     command = [sys.executable, script, "--device", check.args.device]
     code, output = check.command(command, timeout=60)
     details = {"command": " ".join(command[1:]), "exit_code": code, "output_tail": output.strip().splitlines()[-25:]}
@@ -824,7 +824,7 @@ def learner_command(check: Check) -> list[str]:
     """bench_learner.py on doom_basic's model at batch 512, rollout 32 (a dry run: one step)."""
     quick = ["--seconds", "0", "--min_steps", "1", "--warmup_steps", "1"] if check.args.device == "cpu" else \
         ["--seconds", "5"]
-    return [sys.executable, os.path.join(REPO, "scripts", "bench_learner.py"), "--env", "doom_basic",
+    return [sys.executable, os.path.join(REPO, "bench", "bench_learner.py"), "--env", "doom_basic",
             "--device", check.args.device, "--batch_size", "512", "--rollout", "32", *quick, "--json"]
 
 
@@ -862,7 +862,7 @@ def bench_legs(check: Check, step: str) -> tuple[list[str], dict[str, str]]:
 def bench_command(check: Check, env_name: str, legs: list[str], policy_workers: int, partial: str) -> list[str]:
     """bench_throughput.py for these legs, its figures so far in `partial` after every leg."""
     args = check.args
-    command = [sys.executable, os.path.join(REPO, "scripts", "bench_throughput.py"), "--env", env_name,
+    command = [sys.executable, os.path.join(REPO, "bench", "bench_throughput.py"), "--env", env_name,
                "--num_workers", str(args.num_workers), "--num_envs_per_worker", str(args.num_envs_per_worker),
                "--legs", ",".join(legs), "--seconds", str(args.bench_seconds), "--warmup", str(args.bench_warmup),
                "--report_every", str(args.report_every), "--policy_workers_per_policy", str(policy_workers), "--json",
@@ -996,8 +996,8 @@ def rounded(value):
 def write_summary(check: Check) -> str:
     args, results = check.args, {result["step"]: result for result in check.results}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "appo.py", "env.py", "csrc", "scripts", "tests"],
-                           cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "appo.py", "env.py", "csrc", "bench", "scripts",
+                            "tests"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     summary = {"device": args.device, "commit": commit or None, "uncommitted_changes": bool(dirty),
                "total_seconds": round(time.monotonic() - check.start, 1), "steps": check.results,
                "row": gpu_row(results, args)}

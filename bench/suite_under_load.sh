@@ -4,8 +4,8 @@
 # that fails. Run it from a checkout whose C++ module is built (`pip install -e .`, or
 # `python setup.py build_ext --inplace`), alone on the machine, in the background: a pass takes
 # 1-2 hours on 2 cores.
-#   nohup setsid scripts/suite_under_load.sh > /tmp/suite_under_load.out 2>&1 &
-#   PASSES=1 PYTEST_ARGS="" scripts/suite_under_load.sh      # one test at a time instead
+#   nohup setsid bench/suite_under_load.sh > /tmp/suite_under_load.out 2>&1 &
+#   PASSES=1 PYTEST_ARGS="" bench/suite_under_load.sh      # one test at a time instead
 # Writes docs/bench/suite/<commit>_<date>_beside_doom_basic_pass<N>.txt: the command, commit,
 # machine and times in its first lines, then pytest's output with each slow test's time. The logs
 # are written in a folder in /tmp (printed at the start) and moved there when the script ends: a log
@@ -47,7 +47,7 @@ for pass in $(seq "$PASSES"); do
   log="$LOG_DIR/${commit}_${stamp}_beside_doom_basic_pass$pass.txt"
   command="python -m pytest -q -rs -p no:cacheprovider --durations=60 $PYTEST_ARGS"
   {
-    echo "# $command, in a checkout of $commit$dirty, beside \`python appo.py --env doom_basic\` training on the same $(nproc) cores: pass $pass of $PASSES (scripts/suite_under_load.sh)"
+    echo "# $command, in a checkout of $commit$dirty, beside \`python appo.py --env doom_basic\` training on the same $(nproc) cores: pass $pass of $PASSES (bench/suite_under_load.sh)"
     echo "# $(date -u '+%Y-%m-%d %H:%M UTC') start; $cpu, $(nproc) cores, bfloat16: $bf16; torch $torch_version"
   } > "$log"
   start=$(date +%s)

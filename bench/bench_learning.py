@@ -2,14 +2,14 @@
 """Learning at equal frames: appo.py against Sample Factory 2.1.1 on the benchmark suite, and
 against Stable-Baselines3's PPO with rl-zoo3's tuned hyperparameters on gym: envs.
 
-    python scripts/bench_learning.py --sf_python .venv-sf/bin/python
-    python scripts/bench_learning.py --envs gym:LunarLander-v3 --trainers appo,sb3 --sb3_python .venv-sb3/bin/python \
+    python bench/bench_learning.py --sf_python .venv-sf/bin/python
+    python bench/bench_learning.py --envs gym:LunarLander-v3 --trainers appo,sb3 --sb3_python .venv-sb3/bin/python \
         --results_dir docs/bench/gym --sb3_results_dir docs/bench/gym_sb3
-    python scripts/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
-    python scripts/bench_learning.py --report_only          # the table and plots from saved results
-    python scripts/bench_learning.py --headline             # the README's table, from four folders of runs
-    python scripts/bench_learning.py --contention           # every saved run that shared the machine
-    python scripts/bench_learning.py --equal_seconds        # the SB3 table, each side read at the other's minutes
+    python bench/bench_learning.py --envs doom_basic,doom_my_way_home --trainers appo --json
+    python bench/bench_learning.py --report_only          # the table and plots from saved results
+    python bench/bench_learning.py --headline             # the README's table, from four folders of runs
+    python bench/bench_learning.py --contention           # every saved run that shared the machine
+    python bench/bench_learning.py --equal_seconds        # the SB3 table, each side read at the other's minutes
 
 For every env it trains both trainers, one run at a time, with the same system configuration
 (SYSTEM: workers, envs per worker, splits, rollout; each env's own frameskip) and each trainer
@@ -121,7 +121,7 @@ SYSTEM = {
     "gym": {},  # appo.py alone: the gym: family's own defaults
     "pz": {},  # appo.py alone: the pz: family's own defaults
 }
-# Sample Factory's launchers (scripts/setup_sample_factory.sh installs the two sf_train_* modules).
+# Sample Factory's launchers (bench/setup_sample_factory.sh installs the two sf_train_* modules).
 SF_MODULES = {"doom": "sf_train_vizdoom_extra", "atari": "sf_train_atari_ale"}
 # Sample Factory's configurations the bench knows by name (--sf_config): its own published one for
 # each family, and its published one with each setting that appo.py's family defaults took from
@@ -190,12 +190,19 @@ def family(env_name: str) -> str:
 # Configurations and their keys
 # ---------------------------------------------------------------------------------------------
 
-def code_hash(paths: list[str]) -> str:
+def code_hash(paths: list[str], names: list[str] | None = None) -> str:
+    """The files' bytes, each under its name: its path in the repository, unless `names` gives it."""
     digest = hashlib.sha256()
-    for path in paths:
+    for path, name in zip(paths, names or [os.path.relpath(path, REPO) for path in paths]):
         with open(path, "rb") as f:
-            digest.update(os.path.relpath(path, REPO).encode() + b"\0" + f.read())
+            digest.update(name.encode() + b"\0" + f.read())
     return digest.hexdigest()[:16]
+
+
+def setup_hash(script: str) -> str:
+    """A setup script's hash, the "setup" of each SB3 or Sample Factory run's key. Hashed under the
+    name it had when the saved runs were made (scripts/, before bench/), so that they keep their keys."""
+    return code_hash([os.path.join(REPO, "bench", script)], names=[f"scripts/{script}"])
 
 
 def appo_code_hash() -> str:
@@ -207,8 +214,8 @@ def git_commit() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         # the trainer and the benches themselves: a result made by an uncommitted bench says so
-        dirty = subprocess.run(["git", "status", "--porcelain", "appo.py", "env.py", "csrc", "scripts", "setup.py"],
-                               cwd=REPO, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "appo.py", "env.py", "csrc", "bench", "scripts",
+                                "setup.py"], cwd=REPO, capture_output=True, text=True).stdout.strip()
         return commit + ("+uncommitted" if dirty else "")
     except OSError:
         return "unknown"
@@ -230,11 +237,11 @@ def run_config(args, trainer: str, env_name: str, seed: int) -> dict:
         entry, hyperparams = (given_hyperparams(args.sb3_hyperparams) if args.sb3_hyperparams
                               else zoo_hyperparams(args.sb3_python, gym_id(env_name)))
         config.update(zoo_entry=entry, hyperparams=hyperparams, threads=os.cpu_count(),
-                      setup=code_hash([os.path.join(REPO, "scripts", "setup_sb3.sh")]))
+                      setup=setup_hash("setup_sb3.sh"))
     else:
         config.update(extra_flags=SF_CONFIGS[args.sf_config] + args.sf_flags.split(),
                       launcher=SF_MODULES[family(env_name)],
-                      setup=code_hash([os.path.join(REPO, "scripts", "setup_sample_factory.sh")]))
+                      setup=setup_hash("setup_sample_factory.sh"))
         if args.sf_config != "published":  # saved results of the published one keep their key
             config["sf_config"] = args.sf_config
         if args.sf_config in SF_CONFIG_PATCHES:
@@ -637,7 +644,7 @@ def run_one(args, config: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def probe(python: str, trainer: str, env_name: str, out: str, flags: tuple = ()) -> dict | None:
-    command = [python, os.path.join(REPO, "scripts", "task_probe.py"), "--trainer", trainer, "--env", env_name,
+    command = [python, os.path.join(REPO, "bench", "task_probe.py"), "--trainer", trainer, "--env", env_name,
                "--out", out, *flags]
     completed = subprocess.run(command, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=600)
     if completed.returncode != 0:
@@ -1062,13 +1069,13 @@ def parse_args(argv=None):
     parser.add_argument("--trainers", default="appo,sf",
                         help="appo with sf (Doom, Atari) or sb3 (gym: envs), or one of them")
     parser.add_argument("--sb3_python", default=None,
-                        help="Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes it); needed for its runs")
+                        help="Stable-Baselines3's interpreter (bench/setup_sb3.sh makes it); needed for its runs")
     parser.add_argument("--sb3_seeds", type=int, default=None, help="seeds of SB3 per gym: env (default: SB3_SEEDS)")
     parser.add_argument("--sb3_hyperparams", default=None,
                         help="a JSON file of rl-zoo3 hyperparameters to run SB3 with instead of the zoo's entry for the "
                              "env (part of the saved configuration), e.g. docs/bench/gym_crossover/sb3_at_appo_defaults.json")
     parser.add_argument("--sf_python", default=None,
-                        help="Sample Factory's interpreter (scripts/setup_sample_factory.sh makes it); needed for "
+                        help="Sample Factory's interpreter (bench/setup_sample_factory.sh makes it); needed for "
                              "its runs and the task check")
     parser.add_argument("--appo_seeds", type=int, default=None, help="seeds of appo.py per env (default: SEEDS)")
     parser.add_argument("--sf_seeds", type=int, default=None, help="seeds of Sample Factory per env (default: SEEDS)")
@@ -1087,7 +1094,7 @@ def parse_args(argv=None):
                              "table's appo.py side; default: --results_dir)")
     parser.add_argument("--keep_checkpoints", action="store_true",
                         help="keep each appo.py run's final checkpoint beside its result file (same name, .pth; "
-                             "gym: runs' are 40-600 KB), for scripts/probe_policy.py and --mode eval --checkpoint")
+                             "gym: runs' are 40-600 KB), for bench/probe_policy.py and --mode eval --checkpoint")
     parser.add_argument("--plot_dir", default=None, help="one PNG per env (default: --results_dir)")
     parser.add_argument("--stall_seconds", type=float, default=300.0,
                         help="a run that prints nothing for this long is hung: killed, counted as a failure")
@@ -1120,14 +1127,14 @@ def parse_args(argv=None):
                  if family(name) != "gym" and "sb3" in args.trainers]
     problems += [f"--trainers: {name} is not appo, sf or sb3" for name in args.trainers if name not in ("appo", "sf", "sb3")]
     if "sb3" in args.trainers and not args.report_only and not (args.sb3_python and os.path.isfile(args.sb3_python)):
-        problems.append("--sb3_python: give Stable-Baselines3's interpreter (scripts/setup_sb3.sh makes one), "
+        problems.append("--sb3_python: give Stable-Baselines3's interpreter (bench/setup_sb3.sh makes one), "
                         "or leave sb3 out of --trainers")
     if "sf" in args.trainers and not args.report_only and not (args.sf_python and os.path.isfile(args.sf_python)):
-        problems.append("--sf_python: give Sample Factory's interpreter (scripts/setup_sample_factory.sh makes one), "
+        problems.append("--sf_python: give Sample Factory's interpreter (bench/setup_sample_factory.sh makes one), "
                         "or --trainers appo")
     elif not args.report_only and not (args.sf_python and os.path.isfile(args.sf_python)):
         problems += [f"--sf_python: appo.py's runs on {name} load Sample Factory's scenario files: give its interpreter "
-                     "(scripts/setup_sample_factory.sh makes one)" for name in args.envs if name in SF_SCENARIO_FILES]
+                     "(bench/setup_sample_factory.sh makes one)" for name in args.envs if name in SF_SCENARIO_FILES]
     if problems:
         parser.error("; ".join(problems))
     args.plot_dir = args.plot_dir or args.results_dir

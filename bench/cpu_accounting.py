@@ -1,8 +1,8 @@
 """CPU seconds per 1,000 env frames, role by role, for appo.py and Sample Factory on the same
 configuration, next to pure simulation: where a many-core machine's cores would go.
 
-    python scripts/cpu_accounting.py --env doom_basic --sf_python .venv-sf/bin/python
-    python scripts/cpu_accounting.py --report docs/bench/cpu/doom_basic_COMMIT.json --cores 16,36
+    python bench/cpu_accounting.py --env doom_basic --sf_python .venv-sf/bin/python
+    python bench/cpu_accounting.py --report docs/bench/cpu/doom_basic_COMMIT.json --cores 16,36
 
 On a GPU box the learner and the policy workers run on the GPU and the cores do one thing: step
 envs and move their data, so frames per second = cores / (CPU seconds per frame on the rollout
@@ -39,8 +39,8 @@ import time
 
 import numpy as np
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, SCRIPTS)
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
 import bench_throughput as bench  # noqa: E402
 
 appo, envs, REPO = bench.appo, bench.envs, bench.REPO

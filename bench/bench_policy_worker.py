@@ -4,9 +4,9 @@ split into the forward pass (appo.act) and everything around it: the staleness c
 gather of observations and RNN states, the copies and the scatter of the outputs. On the CPU
 it is this thread's CPU time; with --device cuda the wall clock (every result says which).
 
-    python scripts/bench_policy_worker.py                          # this tree, one table
-    python scripts/bench_policy_worker.py --tree /tmp/before       # another checkout's appo.py
-    python scripts/bench_policy_worker.py --compare /tmp/before . --rounds 3 --out result.json
+    python bench/bench_policy_worker.py                          # this tree, one table
+    python bench/bench_policy_worker.py --tree /tmp/before       # another checkout's appo.py
+    python bench/bench_policy_worker.py --compare /tmp/before . --rounds 3 --out result.json
 
 A real PolicyWorker on real shared slots, without an env: the slots hold random frames, and
 each iteration asks for the actions of every (worker, split) as the rollout workers do, through

@@ -2,9 +2,9 @@
 """The learner's step alone: milliseconds per `Learner.train_step` of the wall clock and of the
 GPU, and the host synchronisations in one step, on an env's own model.
 
-    python scripts/bench_learner.py --device cuda                  # doom_basic, batch 512, rollout 32
-    python scripts/bench_learner.py --device cpu --seconds 2 --json
-    python scripts/bench_learner.py --device cpu --profile 3       # where a step's time goes, by op
+    python bench/bench_learner.py --device cuda                  # doom_basic, batch 512, rollout 32
+    python bench/bench_learner.py --device cpu --seconds 2 --json
+    python bench/bench_learner.py --device cpu --profile 3       # where a step's time goes, by op
 
 The batch comes from shared rollout slots filled with random data and goes through
 `Learner.take_batch`, as in training; every step after the warm-up trains on that same batch. Its

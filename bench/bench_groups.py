@@ -2,9 +2,9 @@
 multi-agent env (agents with different spaces) trained with no flag but --env, then its final
 checkpoints played in four pairings.
 
-    python scripts/bench_groups.py --env pz:mpe2.simple_tag_v3:parallel_env --seeds 1 2 3 \
+    python bench/bench_groups.py --env pz:mpe2.simple_tag_v3:parallel_env --seeds 1 2 3 \
         --frames 500000 --results_dir docs/bench/groups/simple_tag
-    python scripts/bench_groups.py --results_dir docs/bench/groups/simple_tag --report_only
+    python bench/bench_groups.py --results_dir docs/bench/groups/simple_tag --report_only
 
 For each seed, appo.py trains at the env family's defaults until every policy has trained --frames
 frames (a frame is one agent's step; a group with fewer agents reaches it later). Then appo.py

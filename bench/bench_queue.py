@@ -24,9 +24,9 @@ Queues compared
     faster_fifo  faster_fifo.Queue, when importable (else n/a / null)
 
 How to run
-    python scripts/bench_queue.py                 # table, default sizes
-    python scripts/bench_queue.py --json          # one JSON object per case
-    python scripts/bench_queue.py --runs 5 --messages 500000
+    python bench/bench_queue.py                 # table, default sizes
+    python bench/bench_queue.py --json          # one JSON object per case
+    python bench/bench_queue.py --runs 5 --messages 500000
 """
 
 import argparse
@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 
-# Make the in-place built appo_ipc importable when run as scripts/bench_queue.py.
+# Make the in-place built appo_ipc importable when run as bench/bench_queue.py.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
