@@ -119,8 +119,23 @@ class TimeLimited(ParallelEnv):
         return obs, rewards, terminations, truncations, {agent: {} for agent in obs}
 
 
+class Pictures(TimeLimited):
+    """TimeLimited, but each agent sees a 40x40 RGB picture (a uint8 image: the pz: family's image
+    defaults), lit by the number of steps it has taken."""
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, (40, 40, 3), np.uint8)
+
+    def observe(self):
+        return {agent: np.full((40, 40, 3), self.steps, np.uint8) for agent in self.agents}
+
+
 def time_limited(**kwargs):
     return TimeLimited(**kwargs)
+
+
+def pictures(**kwargs):
+    return Pictures(**kwargs)
 
 
 def masked_and_leaving(**kwargs):
