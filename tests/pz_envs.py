@@ -87,6 +87,15 @@ class UnequalSpaces(MaskedAndLeaving):
         return obs
 
 
+class ScoresEveryStep(UnequalSpaces):
+    """UnequalSpaces, but every agent in the game scores 1 each step, whatever (allowed) action it
+    takes: a and b score GAME_STEPS a game, c (which leaves after LEAVES_AFTER steps) LEAVES_AFTER."""
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, infos = super().step(actions)
+        return obs, {agent: 1.0 for agent in rewards}, terminations, truncations, infos
+
+
 class TimeLimited(ParallelEnv):
     """Three agents, each seeing the number of steps it has taken. After LIMIT_STEPS steps "cut"
     is truncated (a time limit) and "ends" terminated, and "stays" plays on to GAME_STEPS."""
@@ -144,3 +153,7 @@ def masked_and_leaving(**kwargs):
 
 def unequal_spaces(**kwargs):
     return UnequalSpaces(**kwargs)
+
+
+def scores_every_step(**kwargs):
+    return ScoresEveryStep(**kwargs)

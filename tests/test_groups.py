@@ -12,6 +12,7 @@ import torch
 
 import appo
 import env as envs
+import pz_envs
 from test_pettingzoo import run_appo
 from conftest import free_handed_slots
 
@@ -170,10 +171,33 @@ def test_the_groups_bench_plays_every_group_trained_and_random_and_each_trained_
         "0 trained": "a=0,b=0,c=random", "1 trained": "a=random,b=random,c=1"}
 
 
+def expected_groups(env_class) -> dict[str, int]:
+    """Each agent's group, read off the env class's own spaces (pz_envs.py): agents seeing the same
+    observation shape share a group, numbered in the order the agents come."""
+    made = env_class()
+    shapes = {name: made.observation_space(name)["observation"].shape for name in made.possible_agents}
+    order = list(dict.fromkeys(shapes.values()))
+    return {name: order.index(shape) for name, shape in shapes.items()}
+
+
 def test_random_play_scores_each_group_apart():
-    returns, of_group = random_play.play(UNEQUAL, episodes=30, seed=0)
-    assert len(returns) == 30 and set(of_group) == {0, 1}
-    assert max(r for r, g in zip(returns, of_group) if g == 1) <= 4.0  # c leaves after 4 steps: 1 a step at most
+    """random_play reports each agent's whole-game return with its group, a game's returns in the
+    agents' order. In pz_envs a and b see 5 values and c 6: a, b are group 0 and c group 1, two
+    group-0 returns to each group-1 return. Where every agent scores 1 a step (ScoresEveryStep), a and b
+    score the game's GAME_STEPS (12) and c, which leaves after LEAVES_AFTER (4) steps, 4. On
+    UnequalSpaces a step scores 1 only for the lower of the two allowed actions: whole numbers, at
+    most 12 and 4."""
+    groups = expected_groups(pz_envs.UnequalSpaces)
+    assert groups == {"a": 0, "b": 0, "c": 1}
+    games = 10
+    returns, of_group = random_play.play("pz:pz_envs:scores_every_step", episodes=3 * games, seed=0)
+    assert of_group == [groups["a"], groups["b"], groups["c"]] * games
+    assert returns == [float(pz_envs.GAME_STEPS), float(pz_envs.GAME_STEPS), float(pz_envs.LEAVES_AFTER)] * games
+    assert (pz_envs.GAME_STEPS, pz_envs.LEAVES_AFTER) == (12, 4)
+    returns, of_group = random_play.play(UNEQUAL, episodes=3 * games, seed=0)
+    assert of_group == [0, 0, 1] * games
+    most = {0: pz_envs.GAME_STEPS, 1: pz_envs.LEAVES_AFTER}
+    assert all(r == int(r) and 0 <= r <= most[g] for r, g in zip(returns, of_group)), list(zip(returns, of_group))
 
 
 GROUP_TABLES = {"simple_tag": "## Groups of agents: predators and prey",
