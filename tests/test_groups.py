@@ -171,6 +171,25 @@ def test_the_groups_bench_plays_every_group_trained_and_random_and_each_trained_
         "0 trained": "a=0,b=0,c=random", "1 trained": "a=random,b=random,c=1"}
 
 
+@pytest.mark.slow
+def test_the_groups_bench_reads_each_groups_score_from_a_real_evaluation_of_every_pairing(tmp_path, monkeypatch):
+    """bench_groups.evaluate plays a pairing with appo.py --mode eval and reads its group lines
+    (GROUP_LINE). On pz_envs.ScoresEveryStep every agent scores 1 a step whatever it plays, trained or
+    random: a and b (group 0) GAME_STEPS = 12 a game, c (group 1) LEAVES_AFTER = 4, so every pairing's
+    scores, in group order, are [12.0, 4.0]."""
+    name = "pz:pz_envs:scores_every_step"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                                      os.environ.get("PYTHONPATH", "")]))  # eval imports pz_envs
+    assert appo.main(["--env", name, "--train_dir", str(tmp_path), "--experiment", "run", *SERIAL,
+                      "--train_for_env_steps", "200"]) == 0
+    members, policies = bench_groups.env_groups(name)
+    assert members == [["a", "b"], ["c"]] and policies == [0, 1]
+    expected = [float(pz_envs.GAME_STEPS), float(pz_envs.LEAVES_AFTER)]
+    assert expected == [12.0, 4.0]
+    for pairing, mapping in bench_groups.pairings(members, policies).items():
+        assert bench_groups.evaluate(name, str(tmp_path), 1, 2, mapping) == expected, pairing
+
+
 def expected_groups(env_class) -> dict[str, int]:
     """Each agent's group, read off the env class's own spaces (pz_envs.py): agents seeing the same
     observation shape share a group, numbered in the order the agents come."""
