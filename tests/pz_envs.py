@@ -87,6 +87,15 @@ class UnequalSpaces(MaskedAndLeaving):
         return obs
 
 
+class ScoresEveryStep(UnequalSpaces):
+    """UnequalSpaces, but every agent in the game scores 1 each step, whatever (allowed) action it
+    takes: a and b score GAME_STEPS a game, c (which leaves after LEAVES_AFTER steps) LEAVES_AFTER."""
+
+    def step(self, actions):
+        obs, rewards, terminations, truncations, infos = super().step(actions)
+        return obs, {agent: 1.0 for agent in rewards}, terminations, truncations, infos
+
+
 class TimeLimited(ParallelEnv):
     """Three agents, each seeing the number of steps it has taken. After LIMIT_STEPS steps "cut"
     is truncated (a time limit) and "ends" terminated, and "stays" plays on to GAME_STEPS."""
@@ -119,8 +128,23 @@ class TimeLimited(ParallelEnv):
         return obs, rewards, terminations, truncations, {agent: {} for agent in obs}
 
 
+class Pictures(TimeLimited):
+    """TimeLimited, but each agent sees a 40x40 RGB picture (a uint8 image: the pz: family's image
+    defaults), lit by the number of steps it has taken."""
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, (40, 40, 3), np.uint8)
+
+    def observe(self):
+        return {agent: np.full((40, 40, 3), self.steps, np.uint8) for agent in self.agents}
+
+
 def time_limited(**kwargs):
     return TimeLimited(**kwargs)
+
+
+def pictures(**kwargs):
+    return Pictures(**kwargs)
 
 
 def masked_and_leaving(**kwargs):
@@ -129,3 +153,7 @@ def masked_and_leaving(**kwargs):
 
 def unequal_spaces(**kwargs):
     return UnequalSpaces(**kwargs)
+
+
+def scores_every_step(**kwargs):
+    return ScoresEveryStep(**kwargs)

@@ -302,15 +302,49 @@ def test_the_learner_dying_stops_the_run_with_its_checkpoint_intact(tmp_path):
     run.assert_nothing_left()
 
 
+LEARNER_SILENCE_PATCHED_S = 20.0  # run_with_faults' learnersilence:20 in the two tests below
+WARNED = (r"warning: learner 0 \(pid \d+\) has sent no heartbeat for (\d+) s, inside one step; "
+          r"the run stops if it stays silent for (\d+) s\.")
+STOPPED = r"error: learner 0 sent no heartbeat for (\d+) s \(hung\)"
+SILENT = r"\| silent learner 0 (\d+) s"
+
+
+def learner_allowance(flags: list[str]) -> float:
+    """A learner's allowance in these runs by docs/faults.md's rule: its silence allowance (here
+    patched to 20 s) or --env_step_timeout if longer, which SMALL_RUN leaves at its default (60 s)."""
+    cfg = appo.parse_args(["--env", "doom_basic", *SMALL_RUN, *flags])
+    return max(cfg.env_step_timeout, LEARNER_SILENCE_PATCHED_S)
+
+
+def assert_warned_at_half_and_stopped_at_the_allowance(lines: list[str], allowance: float, silences: int):
+    """Timed by the run's own clock, as it logs the learner's silence at each event (no clock of the
+    test's): every warning names the allowance and comes once the silence is at least half of it,
+    one a silence; every 'silent' status part comes after a warning and is at least half; the stop
+    comes after the last warning, once the silence is the whole allowance."""
+    def found(pattern):
+        return [(index, [int(group) for group in match.groups()])
+                for index, line in enumerate(lines) if (match := re.search(pattern, line))]
+    warnings, stops, silent = found(WARNED), found(STOPPED), found(SILENT)
+    assert len(warnings) >= silences and len(stops) == 1, (warnings, stops)
+    for _, (after_s, stops_at_s) in warnings:
+        assert stops_at_s == allowance and after_s >= allowance / 2, (after_s, stops_at_s, allowance)
+    assert silent and all(index > warnings[0][0] and seconds >= allowance / 2 for index, (seconds,) in silent), silent
+    (stop_index, (stopped_after_s,)), (last_warning, (warned_after_s, _)) = stops[0], warnings[-1]
+    assert last_warning < stop_index and stopped_after_s >= allowance and stopped_after_s >= warned_after_s
+
+
 @pytest.mark.slow
 def test_a_stopped_learner_is_reported_recovers_and_stops_the_run_when_it_stays_silent(tmp_path):
     """A learner that stops (SIGSTOP) is a warning and a 'silent' part on the status line at half its
-    allowance (here 20 s, in a run 300 s). It is not asked for its stack: a SIGUSR1 pending at SIGCONT
+    allowance (here 60 s: the silence allowance is patched to 20 s, in a run 300 s, but
+    --env_step_timeout's default 60 is longer). It is not asked for its stack: a SIGUSR1 pending at SIGCONT
     ran faulthandler's all-threads dump as every thread resumed, and the learner once died of it
     (SIGSEGV). Continued, it trains again and the status line drops it; stopped again for the whole
     allowance, the run ends with a line that names it and its checkpoint, and leaves nothing behind."""
-    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "1"],
-              faults="learnersilence:20")
+    flags = ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "1"]
+    allowance = learner_allowance(flags)
+    assert allowance == 60.0
+    run = Run(tmp_path, flags, faults="learnersilence:20")
     try:
         run.wait_for_training()
         run.wait_for_checkpoint()
@@ -329,6 +363,7 @@ def test_a_stopped_learner_is_reported_recovers_and_stops_the_run_when_it_stays_
         run.process.kill()
     assert re.search(r"error: learner 0 sent no heartbeat for \d+ s \(hung\); its last checkpoint is in .*; "
                      r"its Python stack: none: it is stopped", run.output)
+    assert_warned_at_half_and_stopped_at_the_allowance(run.lines, allowance, silences=2)  # stopped twice
     assert run.checkpoints()[-1]["policy_version"] > 0
     run.assert_nothing_left()
 
@@ -338,8 +373,8 @@ def test_a_learner_hung_in_python_is_reported_with_its_stack_and_stops_the_run(t
     """A learner stuck in Python (a forker's loss in an endless loop: here after its 2nd checkpoint)
     gives its stack, every thread's, at the warning and at the end, where the function it hangs in
     shows; the file in the experiment's folder keeps both."""
-    run = Run(tmp_path, ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "1"],
-              faults="learnersilence:20,learnerhang:2")
+    flags = ["--train_for_seconds", UNTIL_STOPPED_S, "--save_every_sec", "1"]
+    run = Run(tmp_path, flags, faults="learnersilence:20,learnerhang:2")
     try:
         warned, _ = run.wait_for(r"warning: learner 0 \(pid \d+\) has sent no heartbeat for \d+ s, inside one step")
         assert "Its Python stack: (also in " in run.lines[warned]
@@ -351,6 +386,7 @@ def test_a_learner_hung_in_python_is_reported_with_its_stack_and_stops_the_run(t
         assert "in hang_in_a_step" in part and "in batcher" in part, run.output_tail()  # every thread's
     stacks = (tmp_path / "faults" / "stacks" / "process_0.txt").read_text()
     assert stacks.count("in hang_in_a_step") >= 2
+    assert_warned_at_half_and_stopped_at_the_allowance(run.lines, learner_allowance(flags), silences=1)
     assert len(run.checkpoints()) >= 1
     run.assert_nothing_left()
 

@@ -3,6 +3,7 @@ their own, each with its model, slots' fields, learner and checkpoint. The env i
 UnequalSpaces: agents a and b see 5 values, c sees 6 (one always 1) and leaves the game early."""
 import glob
 import os
+import re
 import sys
 import types
 
@@ -12,6 +13,7 @@ import torch
 
 import appo
 import env as envs
+import pz_envs
 from test_pettingzoo import run_appo
 from conftest import free_handed_slots
 
@@ -135,31 +137,75 @@ def test_pbt_ranks_and_copies_within_a_group_only(tmp_path, capsys):
     assert copies == {0: 2, 1: 3}, capsys.readouterr().out
 
 
+DONE_LINE = re.compile(r"^done: policy (\d): ([\d,]+) frames trained in .*?; average return (-?[\d.]+) over the last "
+                       r"(\d+) games.*; checkpoint (\S+)$", re.MULTILINE)
+AGENT_LINE = re.compile(r"^agent (\d) \(policy (\w+)\) mean return (-?[\d.]+) \+- [\d.]+ over (\d+) games; "
+                        r"mean length ([\d,]+) env frames$", re.MULTILINE)
+PLAYING_LINE = re.compile(r"^playing \S+ on cpu with policy (\d)'s version (\d+) \(([\d,]+) env frames of training\)$",
+                          re.MULTILINE)
+
+
+def whole_games(mean: str, games: int) -> bool:
+    """A mean of `games` whole-number returns, printed to 2 decimals."""
+    return abs(float(mean) * games - round(float(mean) * games)) <= 0.005 * games + 1e-9
+
+
 @pytest.mark.slow
 def test_a_mixed_env_trains_with_no_flag_but_env_then_evaluates_per_group_and_resumes(tmp_path):
+    """UnequalSpaces (pz_envs): a step scores 1 for the lower allowed action, so a and b (group 0,
+    policy 0) score a whole number within GAME_STEPS = 12 a game, c (group 1, policy 1, gone after
+    LEAVES_AFTER = 4 steps) within 4, and every game lasts 12 steps (env frames: frameskip 1)."""
+    most = {0: pz_envs.GAME_STEPS, 1: pz_envs.LEAVES_AFTER}
     short = ["--num_workers", "1", "--num_envs_per_worker", "2", "--report_every_sec", "2", "--experiment", "mixed"]
     trained = run_appo(tmp_path, UNEQUAL, *short, "--train_for_env_steps", "3000")
     out = trained.stdout + trained.stderr
     assert trained.returncode == 0, out[-3000:]
-    assert "p0 avg return" in out and "p1 avg return" in out
-    assert "done: policy 0:" in out and "done: policy 1:" in out
+    for policy in (0, 1):  # status lines: each policy's 100-game average within its group's bounds
+        averages = [float(a) for a in re.findall(rf"\bp{policy} avg return (-?[\d.]+) \(\d+ ep\)", out)]
+        assert averages and all(0 <= a <= most[policy] for a in averages), (policy, averages)
+    done = {int(policy): (int(frames.replace(",", "")), float(average), int(games), path)
+            for policy, frames, average, games, path in DONE_LINE.findall(out)}
+    assert sorted(done) == [0, 1], out[-3000:]
+    saved = {policy: checkpoint_of(tmp_path, "mixed", policy) for policy in (0, 1)}
+    for policy, (frames, average, games, path) in done.items():
+        assert frames >= 3000 and 0 <= average <= most[policy] and games > 0, (policy, done[policy])
+        assert os.path.exists(path) and saved[policy]["env_frames"] == frames, (policy, path)
 
     played = run_appo(tmp_path, UNEQUAL, "--mode", "eval", "--experiment", "mixed", "--max_num_episodes", "3")
     out = played.stdout + played.stderr
     assert played.returncode == 0, out[-3000:]
-    assert "group 0 (a, b; policy 0): mean return" in out and "group 1 (c; policy 1): mean return" in out
-    assert len(bench_groups.GROUP_LINE.findall(out)) == 2  # what bench/bench_groups.py reads
+    assert {(int(policy), int(version), int(frames.replace(",", ""))) for policy, version, frames in
+            PLAYING_LINE.findall(out)} == {(policy, saved[policy]["policy_version"], saved[policy]["env_frames"])
+                                           for policy in (0, 1)}
+    agents = AGENT_LINE.findall(out)
+    assert [(agent, policy, games, length) for agent, policy, _, games, length in agents] == [
+        ("0", "0", "3", "12"), ("1", "0", "3", "12"), ("2", "1", "3", "12")], out[-3000:]
+    means = [mean for _, _, mean, _, _ in agents]
+    assert all(whole_games(mean, 3) and 0 <= float(mean) <= most[0 if agent < 2 else 1]
+               for agent, mean in enumerate(means)), means
+    groups = bench_groups.GROUP_LINE.findall(out)  # what bench/bench_groups.py reads: each group's agents' mean
+    assert [line[:3] for line in groups] == [("0", "a, b", "0"), ("1", "c", "1")]
+    assert float(groups[0][3]) == pytest.approx((float(means[0]) + float(means[1])) / 2, abs=0.006)
+    assert groups[1][3] == means[2]
+
     against_random = run_appo(tmp_path, UNEQUAL, "--mode", "eval", "--experiment", "mixed", "--max_num_episodes", "3",
                               "--agent_policies", "a=0,b=0,c=random", "--seed", "1")
     out = against_random.stdout + against_random.stderr
     assert against_random.returncode == 0, out[-3000:]
-    assert "agent 2 (policy random) mean return" in out and "with policy 1's" not in out
+    assert "with policy 1's" not in out  # no checkpoint of policy 1 is loaded
+    agents = AGENT_LINE.findall(out)
+    assert [(agent, policy) for agent, policy, _, _, _ in agents] == [("0", "0"), ("1", "0"), ("2", "random")]
+    c_mean = agents[2][2]
+    assert whole_games(c_mean, 3) and 0 <= float(c_mean) <= pz_envs.LEAVES_AFTER
+    assert bench_groups.GROUP_LINE.findall(out)[1] == ("1", "c", "random", c_mean)
 
     resumed = run_appo(tmp_path, UNEQUAL, *short, "--train_for_env_steps", "6000")
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
-    assert "policy 0 resumed from policy version" in out and "policy 1 resumed from policy version" in out
-    assert checkpoint_of(tmp_path, "mixed", 1)["env_frames"] >= 6000
+    for policy in (0, 1):  # each from its own last checkpoint
+        assert (f"policy {policy} resumed from policy version {saved[policy]['policy_version']}, "
+                f"{saved[policy]['env_frames']:,} env frames (") in out, out[-3000:]
+        assert checkpoint_of(tmp_path, "mixed", policy)["env_frames"] >= 6000
 
 
 def test_the_groups_bench_plays_every_group_trained_and_random_and_each_trained_alone():
@@ -170,10 +216,52 @@ def test_the_groups_bench_plays_every_group_trained_and_random_and_each_trained_
         "0 trained": "a=0,b=0,c=random", "1 trained": "a=random,b=random,c=1"}
 
 
+@pytest.mark.slow
+def test_the_groups_bench_reads_each_groups_score_from_a_real_evaluation_of_every_pairing(tmp_path, monkeypatch):
+    """bench_groups.evaluate plays a pairing with appo.py --mode eval and reads its group lines
+    (GROUP_LINE). On pz_envs.ScoresEveryStep every agent scores 1 a step whatever it plays, trained or
+    random: a and b (group 0) GAME_STEPS = 12 a game, c (group 1) LEAVES_AFTER = 4, so every pairing's
+    scores, in group order, are [12.0, 4.0]."""
+    name = "pz:pz_envs:scores_every_step"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                                      os.environ.get("PYTHONPATH", "")]))  # eval imports pz_envs
+    assert appo.main(["--env", name, "--train_dir", str(tmp_path), "--experiment", "run", *SERIAL,
+                      "--train_for_env_steps", "200"]) == 0
+    members, policies = bench_groups.env_groups(name)
+    assert members == [["a", "b"], ["c"]] and policies == [0, 1]
+    expected = [float(pz_envs.GAME_STEPS), float(pz_envs.LEAVES_AFTER)]
+    assert expected == [12.0, 4.0]
+    for pairing, mapping in bench_groups.pairings(members, policies).items():
+        assert bench_groups.evaluate(name, str(tmp_path), 1, 2, mapping) == expected, pairing
+
+
+def expected_groups(env_class) -> dict[str, int]:
+    """Each agent's group, read off the env class's own spaces (pz_envs.py): agents seeing the same
+    observation shape share a group, numbered in the order the agents come."""
+    made = env_class()
+    shapes = {name: made.observation_space(name)["observation"].shape for name in made.possible_agents}
+    order = list(dict.fromkeys(shapes.values()))
+    return {name: order.index(shape) for name, shape in shapes.items()}
+
+
 def test_random_play_scores_each_group_apart():
-    returns, of_group = random_play.play(UNEQUAL, episodes=30, seed=0)
-    assert len(returns) == 30 and set(of_group) == {0, 1}
-    assert max(r for r, g in zip(returns, of_group) if g == 1) <= 4.0  # c leaves after 4 steps: 1 a step at most
+    """random_play reports each agent's whole-game return with its group, a game's returns in the
+    agents' order. In pz_envs a and b see 5 values and c 6: a, b are group 0 and c group 1, two
+    group-0 returns to each group-1 return. Where every agent scores 1 a step (ScoresEveryStep), a and b
+    score the game's GAME_STEPS (12) and c, which leaves after LEAVES_AFTER (4) steps, 4. On
+    UnequalSpaces a step scores 1 only for the lower of the two allowed actions: whole numbers, at
+    most 12 and 4."""
+    groups = expected_groups(pz_envs.UnequalSpaces)
+    assert groups == {"a": 0, "b": 0, "c": 1}
+    games = 10
+    returns, of_group = random_play.play("pz:pz_envs:scores_every_step", episodes=3 * games, seed=0)
+    assert of_group == [groups["a"], groups["b"], groups["c"]] * games
+    assert returns == [float(pz_envs.GAME_STEPS), float(pz_envs.GAME_STEPS), float(pz_envs.LEAVES_AFTER)] * games
+    assert (pz_envs.GAME_STEPS, pz_envs.LEAVES_AFTER) == (12, 4)
+    returns, of_group = random_play.play(UNEQUAL, episodes=3 * games, seed=0)
+    assert of_group == [0, 0, 1] * games
+    most = {0: pz_envs.GAME_STEPS, 1: pz_envs.LEAVES_AFTER}
+    assert all(r == int(r) and 0 <= r <= most[g] for r, g in zip(returns, of_group)), list(zip(returns, of_group))
 
 
 GROUP_TABLES = {"simple_tag": "## Groups of agents: predators and prey",

@@ -3,6 +3,7 @@ cut at, the losses' targets go on from its value, and an episode that really end
 envs are tests/clock_env.py's (its docstring gives the numbers) and pz_envs.TimeLimited."""
 import glob
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -13,6 +14,7 @@ import torch
 
 import appo
 import clock_env
+import env
 import pz_envs
 from conftest import RUN_TIMEOUT_S, free_handed_slots, gather_slots, processes_still_tagged
 
@@ -216,17 +218,74 @@ def test_a_trained_critic_values_the_last_steps_before_a_time_limit_as_the_first
         assert values == pytest.approx([CONSTANT] * clock_env.LIMIT, rel=0.05)
 
 
+# Every built-in family's envs, one of each kind its defaults tell apart (gym: and pz: by what they
+# observe: vectors, images, images too small for the default encoder): a family added to env.py must be
+# named here, so that what it defaults --value_bootstrap to is checked against R0's table.
+FAMILY_EXAMPLES = {
+    "the Doom family": ("doom_basic", "doom_my_way_home", "doom_deadly_corridor"),
+    "the Doom matches": ("doom_duel_bots", "doom_deathmatch_bots"),
+    "the Atari family": ("atari_pong", "atari_breakout"),
+    "the DeepMind Lab family": ("dmlab_30", "dmlab_nav_maze_static_01"),
+    "the gym: family": ("gym:CartPole-v1", "gym:clock_env:Clock/Cut-v0", "gym:small_image_env:SmallView-v0",
+                        "gym:ale_py:ALE/Pong-v5"),  # ale_py registers its ids when imported
+    "the pz: family": ("pz:pz_envs:time_limited", "pz:pz_envs:unequal_spaces", "pz:pz_envs:pictures"),
+}
+
+
+def r0_measured_families() -> dict:
+    """{env.py family: the R0 rows that measured it}, from learning.md's table under "Time limits
+    bootstrapped": a row is "<families> (<env measured>)", where a family is named by its env's
+    name prefix ("gym:", "pz:") or by the measured env itself ("Doom scenarios", "Atari")."""
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        text = f.read().split("## Time limits bootstrapped (`--value_bootstrap`)\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert header[0] == "family (env)" and header[-1] == "default" and set(lines[1]) <= set("|-")
+    measured = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        label, measured_env = re.fullmatch(r"(.+) \((\S+)\)", cells[0]).groups()
+        assert cells[-1].startswith("on since "), cells  # R0 held on every row
+        # a row is a measurement: 3 seeds or more saved without and with it (time_limits/ holds Doom's
+        # and Atari's, the ablation's defaults and bootstrap arms the gym: and pz: families')
+        for side in (("time_limits/*_off", "gym_ablation/defaults"), ("time_limits/*_on", "gym_ablation/bootstrap")):
+            saved = [path for folder in side for path in glob.glob(
+                os.path.join(REPO, "docs", "bench", folder, glob.escape(measured_env), "appo_seed*.json"))]
+            assert len(saved) >= 3, (cells[0], side)
+        families = [env.family_of(measured_env)]  # the measured env's own family
+        families += [env.family_of(f"{prefix}module:name") for prefix in label.split(" and ") if prefix.endswith(":")]
+        assert None not in families, label
+        for title in {family.title for family in families}:
+            measured.setdefault(title, []).append(cells[0])
+    return measured
+
+
 def test_value_bootstrap_is_a_default_only_where_it_was_measured():
-    """R0 (docs/results/learning.md): on for the Doom scenarios (doom_basic), the Atari family
-    (atari_pong) and the gym: and pz: families (HalfCheetah, Walker2d, Hopper, LunarLander), vectors
-    and images alike; off for the Doom matches, which report no truncation."""
-    for env in ("doom_basic", "atari_pong", "atari_breakout", "gym:CartPole-v1", "gym:clock_env:Clock/Cut-v0",
-                "pz:pz_envs:time_limited",
-                "gym:ale_py:ALE/Pong-v5"):  # images: the gym: family too (ale_py registers its ids when imported)
-        assert appo.parse_args(["--env", env]).value_bootstrap, env
-        assert appo.parse_args(["--env", env, "--no-value_bootstrap"]).value_bootstrap is False, env
-    for env in ("doom_duel_bots",):
-        assert appo.parse_args(["--env", env]).value_bootstrap is False, env
+    """R0 (docs/results/learning.md): --value_bootstrap is a family's default only once measured on
+    one of its envs; "until its measurement a family keeps it off". Every family in env.py, each kind
+    of env it tells apart, is on exactly where R0's table has a row for it: the Doom scenarios
+    (doom_basic), Atari (atari_pong), gym: and pz: (HalfCheetah, Walker2d, Hopper, LunarLander)."""
+    measured = r0_measured_families()
+    assert sorted(measured) == ["the Atari family", "the Doom family", "the gym: family", "the pz: family"]
+    assert len(measured["the gym: family"]) == 4 and measured["the gym: family"] == measured["the pz: family"]
+    built_in = [family for family in env.FAMILIES if not family.registered]
+    assert sorted(family.title for family in built_in) == sorted(FAMILY_EXAMPLES)  # a new family: name its envs
+    defaulting_on = set()
+    for family in built_in:
+        names = FAMILY_EXAMPLES[family.title]
+        assert all(env.family_of(name) is family for name in names), family.title
+        if isinstance(family.flag_defaults, dict):  # one set of defaults for the whole family
+            values = {family.flag_defaults.get("value_bootstrap", False)}
+        else:  # defaults by name: what each kind of env gets
+            values = {family.flag_defaults(name).get("value_bootstrap", False) for name in names}
+        # and what a user gets from the command line, which --no-value_bootstrap turns off
+        assert {appo.parse_args(["--env", name]).value_bootstrap for name in names} == values, family.title
+        for name in names:
+            assert appo.parse_args(["--env", name, "--no-value_bootstrap"]).value_bootstrap is False, name
+        assert len(values) == 1, (family.title, values)  # R0 is a rule per family: all its kinds alike
+        if values == {True}:
+            defaulting_on.add(family.title)
+    assert defaulting_on == set(measured)
 
 
 def test_doom_basic_reports_its_timeout_as_a_truncation_through_the_trainers_env():

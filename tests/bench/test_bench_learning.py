@@ -861,6 +861,95 @@ def test_learning_mds_ablation_table_is_what_the_saved_runs_say():
     assert set(found) == expected_keys and len(expected_keys) >= 12
 
 
+# R2's held-out envs and budgets, copied from learning.md's pre-registered rule ("R2, held out"), not
+# from the bench: 1M steps but for the guards CartPole-v1 and Acrobot-v1 at 500k
+R2_HELD_OUT = {"gym:InvertedDoublePendulum-v5": 1_000_000, "gym:Swimmer-v5": 1_000_000, "gym:Reacher-v5": 1_000_000,
+               "gym:Ant-v5": 1_000_000, "gym:LunarLanderContinuous-v3": 1_000_000, "gym:CartPole-v1": 500_000,
+               "gym:Acrobot-v1": 500_000, "gym:InvertedPendulum-v5": 1_000_000}
+
+
+def random_play_return(env_name: str) -> float:
+    with open(os.path.join(BENCH, "gym", "random", f"{env_name}.json")) as f:
+        return json.load(f)["mean_return"]
+
+
+def first_three_seeds(folder: str, env_name: str, steps: int) -> list[float]:
+    """The rules' reading of an arm: its seeds 1 to 3 (later seeds are reported, never judged), each
+    scored at `steps`; every one of the three must be saved and finished."""
+    runs = {run["config"]["seed"]: run for run in runs_in(folder, env_name, "appo")}
+    assert {1, 2, 3} <= set(runs), (folder, env_name, sorted(runs))
+    return [score_at_budget(runs[seed]["curve"], steps) for seed in (1, 2, 3)]
+
+
+def test_learning_mds_held_out_table_r1_and_r2_are_what_the_saved_runs_say():
+    """R1's choice and score, R2's table and verdict (learning.md's ablation section), each computed
+    here from the saved runs, the SB3 runs and the random-play files, without the bench's rules or
+    tables: an arm's score is the median of its seeds 1-3 at the budget; R1 qualifies an arm above
+    bootstrap on HalfCheetah and Walker2d, not every seed below bootstrap's on Hopper or LunarLander,
+    and at SB3's medians on both, and scores it by the mean of (median - random) / (SB3 - random)
+    over the four envs; R2 reads (sgd - bootstrap) / |bootstrap - random| over the eight held-out
+    envs and the envs where every sgd seed ends below every bootstrap seed."""
+    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
+        text = f.read()
+    section = "The gym vector defaults: an ablation, pre-registered (issue 80)"
+    verdicts = {line[2:4]: line[2:] for line in text.split(f"## {section}")[1].split("\n## ")[0].splitlines()
+                if line.startswith(("- R1:", "- R2:"))}
+    assert set(verdicts) == {"R1", "R2"}
+    median = lambda values: float(np.median(values))  # noqa: E731
+
+    # R1, on seeds 1-3 at 1M steps, against B = bootstrap (R0 held for the gym: family)
+    stage_1, stage_2 = ("gym:HalfCheetah-v5", "gym:Walker2d-v5"), ("gym:Hopper-v5", "gym:LunarLander-v3")
+    sb3 = {env_name: median([score_at_budget(run["curve"], 1_000_000) for run in runs_in("gym_sb3", env_name, "sb3")])
+           for env_name in stage_1 + stage_2}
+    assert round(sb3["gym:Hopper-v5"]) == 1001 and round(sb3["gym:LunarLander-v3"], 1) == 263.6  # the rule's bars
+    arm_scores = lambda arm, env_name: first_three_seeds(os.path.join("gym_ablation", arm), env_name, 1_000_000)  # noqa: E731
+    qualifying = {}
+    for arm in ("init", "sgd", "separate", "bundle"):
+        if not all(median(arm_scores(arm, e)) > median(arm_scores("bootstrap", e)) for e in stage_1):
+            continue
+        if not all(glob.glob(os.path.join(BENCH, "gym_ablation", arm, e, "appo_seed*.json")) for e in stage_2):
+            continue  # never ran Stage 2: not an arm R1 can choose
+        if any(max(arm_scores(arm, e)) < min(arm_scores("bootstrap", e)) for e in stage_2):
+            continue
+        if not all(median(arm_scores(arm, e)) >= sb3[e] for e in stage_2):
+            continue
+        qualifying[arm] = float(np.mean([(median(arm_scores(arm, e)) - random_play_return(e))
+                                         / (sb3[e] - random_play_return(e)) for e in stage_1 + stage_2]))
+    assert {arm: round(score, 3) for arm, score in qualifying.items()} == {"sgd": 1.053}
+    assert verdicts["R1"] == "R1: qualifying against bootstrap (mean normalised score): sgd 1.053; chosen: sgd"
+
+    # R2's table: every held-out env, bootstrap then sgd, each cell from the files
+    assert sorted(os.listdir(os.path.join(BENCH, "gym_ablation", "held_out"))) == ["bootstrap", "sgd"]
+    for arm in ("bootstrap", "sgd"):
+        folder = os.path.join(BENCH, "gym_ablation", "held_out", arm)
+        assert sorted(name for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name))) == sorted(R2_HELD_OUT)
+    header, rows = table_in(section, ("env", "steps", "random play", "arm"))
+    assert header == ("env", "steps", "random play", "arm", "seeds", "score", "minutes")
+    expected_rows, scores = [], {}
+    for env_name, budget in R2_HELD_OUT.items():
+        for arm in ("bootstrap", "sgd"):
+            runs = sorted(runs_in(os.path.join("gym_ablation", "held_out", arm), env_name, "appo"),
+                          key=lambda run: run["config"]["seed"])
+            assert [run["config"]["seed"] for run in runs] == [1, 2, 3], (env_name, arm)
+            assert {run["config"]["frames"] for run in runs} == {budget}, (env_name, arm)
+            values = [score_at_budget(run["curve"], budget) for run in runs]
+            scores[arm, env_name] = values
+            expected_rows.append([env_name, f"{budget // 1000}k", f"{random_play_return(env_name):.2f}", arm, "1, 2, 3",
+                                  f"{median(values):.2f} [{min(values):.2f}, {max(values):.2f}]",
+                                  f"{median([run['wall_s'] for run in runs]) / 60:.1f}"])
+    assert rows == expected_rows
+
+    # R2's verdict: condition (1), no env with every sgd seed below every bootstrap seed; (2) the mean gain >= 0
+    below = {env_name for env_name in R2_HELD_OUT if max(scores["sgd", env_name]) < min(scores["bootstrap", env_name])}
+    gain = float(np.mean([(median(scores["sgd", e]) - median(scores["bootstrap", e]))
+                          / abs(median(scores["bootstrap", e]) - random_play_return(e)) for e in R2_HELD_OUT]))
+    assert below == {"gym:InvertedDoublePendulum-v5", "gym:Swimmer-v5", "gym:Ant-v5"}
+    assert f"{gain:+.3f}" == "-0.176"
+    assert verdicts["R2"] == (  # both conditions fail, on more than one env: nothing to narrow
+        "R2: fails (mean (arm - B) / |B - random| -0.176; every seed below B's on "
+        "gym:InvertedDoublePendulum-v5, gym:Swimmer-v5, gym:Ant-v5): no gym default changes but by R0")
+
+
 def save_ablation_run(root, arm, env_name, seed, at_200k, at_1m):
     folder = root / arm / env_name
     folder.mkdir(parents=True, exist_ok=True)

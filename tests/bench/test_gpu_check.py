@@ -173,6 +173,82 @@ def test_a_bench_steps_details_carry_the_like_for_like_figures():
     assert details["ours_fp32_busy_percent"]["inference"] == 80.0 and details["precision"]["sf"] == "float32"
 
 
+GPU_RUNS = os.path.join(REPO, "docs", "bench", "gpu_check")
+
+
+def recorded_run(name: str) -> dict:
+    with open(os.path.join(GPU_RUNS, f"{name}.json")) as f:
+        return json.load(f)
+
+
+# Steps whose EXPECTED_S is below what both H200 runs at the check's current code recorded (found by
+# the test below; a plan at these constants ends about 6 s later than it says). Raising a constant to
+# its recorded time takes its step off this list, and the test then holds it to the recorded time.
+SHORT_OF_THE_H200 = {"machine": 6, "build": 14}
+
+
+def test_each_steps_expected_seconds_are_at_least_what_the_h200_recorded():
+    """EXPECTED_S claims the H200's step times where a step ran there: each step the two runs of
+    docs/gpu.md's Results (h200_4_d6fc914: cuda_tests 62.7 s, micro_policy 16.4 s, ...; h200_5_c7279a9)
+    recorded, passed or failed, is planned to take at least as long as it took there; a skipped step
+    recorded nothing."""
+    recorded = {}
+    for name in ("h200_4_d6fc914", "h200_5_c7279a9"):
+        run = recorded_run(name)
+        assert run["device"] == "cuda" and run["commit"].startswith("76273b4")  # the Results' two runs
+        for step in run["steps"]:
+            if step["status"] != "skipped" and step["step"] in gpu_check.EXPECTED_S:
+                recorded[step["step"]] = max(recorded.get(step["step"], 0.0), step["seconds"])
+    assert recorded["cuda_tests"] == 62.7 and recorded["micro_policy"] == 16.4 and recorded["build"] == 18.1
+    assert set(recorded) == {"packages", "machine", "build", "sample_factory", "cuda_tests", "sigkill",
+                             "micro_policy", "micro_learner"}  # eval was skipped in both (no checkpoint, not asked)
+    short = {step: gpu_check.EXPECTED_S[step] for step, seconds in recorded.items()
+             if gpu_check.EXPECTED_S[step] < seconds}
+    assert short == SHORT_OF_THE_H200, {step: (gpu_check.EXPECTED_S[step], recorded[step]) for step in recorded}
+    for step, seconds in recorded.items():
+        if step not in SHORT_OF_THE_H200:
+            assert gpu_check.EXPECTED_S[step] >= seconds, (step, gpu_check.EXPECTED_S[step], seconds)
+
+
+def test_a_recorded_doom_steps_ratio_is_ours_over_sample_factorys_span_rates_and_its_details_are_its_legs():
+    """h200_5_c7279a9's doom_1pw step (docs/gpu.md, Results): the ratio recomputed here from its two
+    figures, 38,187 over 30,452 frames/s, is the recorded 1.254 and the row's and page's 1.25; each
+    figure, a span's rate, lies within its recorded 10-s windows (a span's rate is its windows' mean
+    weighted by time); and the legs' runs those figures came from, fed through bench_details and
+    gpu_row, give back the step's recorded details and the run's row."""
+    run = recorded_run("h200_5_c7279a9")
+    step = next(step for step in run["steps"] if step["step"] == "doom_1pw")
+    assert step["status"] == "passed" and "--legs ours,sf" in step["command"]
+    ratio = step["ours_fps"] / step["sf_fps"]
+    assert round(step["ours_fps"]) == 38_187 and round(step["sf_fps"]) == 30_452
+    assert round(ratio, 3) == 1.254 and ratio == pytest.approx(step["ours_over_sf"], rel=1e-12)
+    for leg in ("ours", "sf"):
+        windows = step[f"{leg}_windows"]
+        assert len(windows) == 2 and min(windows) <= step[f"{leg}_fps"] <= max(windows), leg
+    assert [round(w) for w in step["ours_windows"]] == [38_322, 38_050]
+    assert [round(w) for w in step["sf_windows"]] == [8_602, 30_720]  # the first still warming up
+    with open(os.path.join(REPO, "docs", "gpu.md")) as f:
+        assert (f"| 1 policy worker | 38,187 (windows 38,322 and 38,050) | 30,452 (8,602 and 30,720) | "
+                f"{ratio:.2f} |") in f.read()
+    # the bench's figures for these legs, as bench_throughput gives them (a run per leg), through the check
+    ours = {"fps": step["ours_fps"], "window_fps": step["ours_windows"], "busy_percent": step["ours_busy_percent"],
+            "lag_avg": step["ours_policy_lag"], "inference_batch": step["ours_inference_batch"]}
+    figures = {"num_envs": step["envs"], "policy_workers_per_policy": 1, "pure_sim_fps": None, "pure_episodes_fps": None,
+               "ours_fps": step["ours_fps"], "sf_fps": step["sf_fps"], "ours_over_pure_sim": None,
+               "ours_over_pure_episodes": None, "ours_over_sf": ratio,
+               "runs": {"ours": [ours], "sf": [{"fps": step["sf_fps"], "window_fps": step["sf_windows"]}]}}
+    details = gpu_check.bench_details(figures)
+    assert {key: value for key, value in details.items() if key in step} == {
+        key: value for key, value in step.items() if key in details}
+    assert {key for key in step if key not in details} == {"step", "status", "seconds", "command", "left_out"}
+    args = gpu_check.parse_args(["run", "--out", "x", "--num_workers", "14", "--num_envs_per_worker", "8",
+                                 "--device", "cuda"])
+    results = {result["step"]: result for result in run["steps"]}
+    results["doom_1pw"] = {"status": "passed", **details}
+    assert gpu_check.gpu_row(results, args) == run["row"]
+    assert "| 38,187 | - | - | - | - | 30,452 | 1.25 |" in run["row"]
+
+
 def test_a_step_that_would_end_past_the_deadline_does_not_start(tmp_path):
     args = gpu_check.parse_args(["run", "--out", str(tmp_path / "out"), "--device", "cpu", "--deadline_s", "100"])
     check = gpu_check.Check(args)
