@@ -102,7 +102,7 @@ LEG_ORDER = ["pure", "pure_episodes", "ours", "ours_fp32", "sf", "gpu_time"]  # 
 # where it ran, else estimates. A step starts only if it is expected to end before --deadline_s.
 EXPECTED_S = {
     "packages": 12,  # 1-2 s for our wheels; Sample Factory's are about as many again, and the pack is unpacked
-    "machine": 6, "build": 14,
+    "machine": 8, "build": 19,  # 7.6 s and 18.1 s there (h200_5)
     "sample_factory": 10,  # importing Sample Factory's stack and torch through its wrapper
     "cuda_tests": 65,  # 44 s for 10 tests there; 14 now
     "sigkill": 35,  # 37 s there, killed 10 s after it first trained; 5 s now
@@ -120,7 +120,7 @@ SIGKILL_AFTER_TRAINED_S = 5  # the sigkill step kills the runner this long after
 # beside ours, with one policy worker and with two): docs/gpu.md's "The GPU check" runs it, and `plan`
 # with these flags has it end before the default --deadline_s. Not all of it fits in 480 s at the
 # H200's times and the flags that gave Sample Factory a figure there (--bench_warmup 8, --bench_seconds
-# 12): cuda_tests, train, sigkill and eval take 187 s, each Doom step with ours, ours_fp32 and sf 169 s,
+# 12): cuda_tests, train, sigkill and eval end at 194 s, each Doom step with ours, ours_fp32 and sf 169 s,
 # atari with ours and sf 122 s. So atari is left for a check of its own (--steps atari), and doom_1pw
 # runs without sf: Sample Factory's code does not change with ours, and its one-worker figure there is
 # known twice (30,721 and 30,452 frames/s), its two-worker figure once. Pure simulation does not
