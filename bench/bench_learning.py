@@ -1156,7 +1156,6 @@ def seeds_for(args, trainer: str, env_name: str) -> list[int]:
     return list(range(1, count + 1))
 
 
-ABLATION_CHANGES = {"init": 1, "sgd": 1, "separate": 1, "bundle": 3}  # hypotheses an arm changes (R1's tie rule)
 STAGE_1 = ("gym:HalfCheetah-v5", "gym:Walker2d-v5")
 STAGE_2 = ("gym:Hopper-v5", "gym:LunarLander-v3")
 # R2's held-out envs and budgets (learning.md): runs in ABLATION_DIR/held_out/ARM/ENV
@@ -1264,114 +1263,9 @@ def equal_seconds_table(appo_root: str = GYM_DIR, sb3_root: str = SB3_DIR, long_
     return "\n".join(lines)
 
 
-def ablation_scores(root: str, arm: str, env_name: str, steps: int = 1_000_000, seeds: int = 3) -> list[float]:
-    """The arm's scores at `steps` from its seeds 1 to `seeds`: the rules read the first 3, and seeds 4
-    and 5 (run after R1 chooses) are reported, never chosen by."""
-    return [score_at(run["curve"], steps) for run in saved_runs(os.path.join(root, arm), env_name, "appo")
-            if run["config"]["seed"] <= seeds]
-
-
-def all_below(ours: list, theirs: list) -> bool:
-    """Every one of ours ends below every one of theirs (3 against 3: the p = 0.05 pattern)."""
-    return max(ours) < min(theirs)
-
-
-def ablation_verdicts(root: str = ABLATION_DIR, seeds: int = 3) -> list[str]:
-    """The pre-registered rules (learning.md) read from the files, each once its runs are all saved:
-    R0 for the gym: family, the stop rule, Stage 2's arms, R1's choice, the chosen arm's seeds 4 and 5
-    (reported), and R2's held-out judgement."""
-    scores = {(arm, env_name): ablation_scores(root, arm, env_name, seeds=seeds) for arm in ABLATION_ARMS
-              for env_name in STAGE_1 + STAGE_2}
-    complete = lambda arm, env_name: len(scores[arm, env_name]) >= seeds  # noqa: E731
-    median = lambda arm, env_name: statistics.median(scores[arm, env_name])  # noqa: E731
-    lines = []
-    r0_envs = [env_name for env_name in STAGE_1 + STAGE_2 if complete("defaults", env_name)
-               and complete("bootstrap", env_name)]
-    r0_fails = [env_name for env_name in r0_envs if all_below(scores["bootstrap", env_name], scores["defaults", env_name])
-                or median("bootstrap", env_name) < median("defaults", env_name) - (max(scores["defaults", env_name])
-                                                                                  - min(scores["defaults", env_name]))]
-    waiting = [env_name for env_name in STAGE_1 + STAGE_2 if env_name not in r0_envs]
-    lines.append(f"R0 (gym:): fails on {', '.join(r0_fails)}" if r0_fails else
-                 f"R0 (gym:): holds on {', '.join(r0_envs) or 'no env yet'}"
-                 + (f"; waits for {', '.join(waiting)}" if waiting else ": --value_bootstrap becomes the default"))
-    if r0_fails:  # the rule: init to bundle again without --value_bootstrap, against defaults
-        return lines + ["R1: waits for init to bundle run again without --value_bootstrap, judged against defaults"]
-    baseline = "bootstrap"
-    if not all(complete(arm, env_name) for arm in ABLATION_ARMS for env_name in STAGE_1):
-        return lines + ["stop rule: waits for Stage 1's runs (every arm, 3 seeds, on both envs)"]
-    lifting = [arm for arm in ABLATION_CHANGES
-               if statistics.median(ablation_scores(root, arm, STAGE_1[0], 200_000)) > 1000
-               and median(arm, STAGE_1[0]) > median("bootstrap", STAGE_1[0])]
-    if not lifting:
-        return lines + ["stop rule: no arm lifts HalfCheetah above 1,000 at 200k and above bootstrap at 1M: "
-                        "H1-H3 refuted; no gym default changes but by R0"]
-    lines.append(f"stop rule: not met ({', '.join(lifting)} lift HalfCheetah at 200k and 1M)")
-    singles = [arm for arm in ABLATION_CHANGES if arm != "bundle"
-               and all(median(arm, env_name) > median("bootstrap", env_name) for env_name in STAGE_1)]
-    # defaults too: R0 is judged on Stage 2's envs as well; in the table's order, as they run
-    stage_2 = [arm for arm in ABLATION_ARMS if arm in ("defaults", "bootstrap", "bundle", *singles)]
-    lines.append(f"Stage 2 arms: {', '.join(stage_2)}")
-    if not all(complete(arm, env_name) for arm in stage_2 for env_name in STAGE_2):
-        return lines + ["R1: waits for Stage 2's runs"]
-    sb3 = {env_name: statistics.median(score_at(run["curve"], 1_000_000)
-                                       for run in saved_runs(SB3_DIR, env_name, "sb3"))
-           for env_name in STAGE_1 + STAGE_2}
-    random_play = {env_name: load_result(os.path.join(BENCH_DIR, "gym", "random", f"{env_name}.json"))["mean_return"]
-                   for env_name in STAGE_1 + STAGE_2}
-    qualifying = {}
-    for arm in [arm for arm in stage_2 if arm in ABLATION_CHANGES]:
-        if (all(median(arm, env_name) > median(baseline, env_name) for env_name in STAGE_1)
-                and not any(all_below(scores[arm, env_name], scores[baseline, env_name]) for env_name in STAGE_2)
-                and all(median(arm, env_name) >= sb3[env_name] for env_name in STAGE_2)):
-            qualifying[arm] = statistics.mean((median(arm, env_name) - random_play[env_name])
-                                              / (sb3[env_name] - random_play[env_name]) for env_name in STAGE_1 + STAGE_2)
-    if not qualifying:
-        return lines + [f"R1: no arm qualifies against {baseline}: no gym default changes but by R0"]
-    best = max(qualifying.values())
-    near = [arm for arm, score in qualifying.items() if score >= best - 0.05 * abs(best)]
-    chosen = max(near, key=lambda arm: (-ABLATION_CHANGES[arm], qualifying[arm]))
-    scored = ", ".join(f"{arm} {score:.3f}" for arm, score in qualifying.items())
-    lines.append(f"R1: qualifying against {baseline} (mean normalised score): {scored}; chosen: {chosen}")
-    five = {(arm, env_name): ablation_scores(root, arm, env_name, seeds=5) for arm in (baseline, chosen)
-            for env_name in STAGE_1}
-    if not all(len(runs) >= 5 for runs in five.values()):
-        return lines + [f"next: seeds 4 and 5 of {chosen} and {baseline} on HalfCheetah and Walker2d, then R2 (held out)"]
-    # reported as measured, met or not: the choice above stands on seeds 1 to 3
-    lines.append("at 5 seeds: " + "; ".join(
-        f"{env_name} {chosen} {spread(five[chosen, env_name])}, {baseline} {spread(five[baseline, env_name])}, "
-        f"SB3's {sb3[env_name]:.2f} {'met' if statistics.median(five[chosen, env_name]) >= sb3[env_name] else 'not met'}"
-        for env_name in STAGE_1))
-    return lines + [held_out_verdict(root, baseline, chosen, seeds)]
-
-
-def held_out_verdict(root: str, baseline: str, chosen: str, seeds: int = 3) -> str:
-    """R2: the chosen arm against the baseline on HELD_OUT_GYM, read at each env's budget."""
-    folder = os.path.join(root, "held_out")
-    scores = {(arm, env_name): ablation_scores(folder, arm, env_name, budget, seeds)
-              for arm in (baseline, chosen) for env_name, budget in HELD_OUT_GYM.items()}
-    waiting = [env_name for env_name in HELD_OUT_GYM if any(len(scores[arm, env_name]) < seeds for arm in (baseline, chosen))]
-    if waiting:
-        return f"R2: waits for {', '.join(waiting)} ({baseline} and {chosen}, {seeds} seeds each, in gym_ablation/held_out/)"
-    below = [env_name for env_name in HELD_OUT_GYM if all_below(scores[chosen, env_name], scores[baseline, env_name])]
-    gains = []
-    for env_name in HELD_OUT_GYM:
-        random_play = load_result(os.path.join(BENCH_DIR, "gym", "random", f"{env_name}.json"))["mean_return"]
-        ours, theirs = statistics.median(scores[chosen, env_name]), statistics.median(scores[baseline, env_name])
-        gains.append((ours - theirs) / abs(theirs - random_play))
-    gain = statistics.mean(gains)
-    said = f"mean (arm - B) / |B - random| {gain:+.3f}; every seed below B's on {', '.join(below) or 'no env'}"
-    if not below and gain >= 0:
-        return f"R2: holds ({said}): {chosen}'s flags become the gym vector defaults"
-    if len(below) == 1:
-        return f"R2: fails on {below[0]} alone ({said}): narrow the change (to Box action spaces, say) and judge again"
-    return f"R2: fails ({said}): no gym default changes but by R0"
-
-
 def main(argv=None):
     if "--ablation" in (sys.argv[1:] if argv is None else argv):
         print(ablation_table())
-        print()
-        print("\n".join(f"- {line}" for line in ablation_verdicts()))
         if held_out_table():
             print()
             print(held_out_table())
