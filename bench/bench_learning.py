@@ -929,6 +929,10 @@ BENCH_DIR = os.path.join(REPO, "docs", "bench")
 # the pre-registered order, each a folder of ABLATION_DIR with one folder per env.
 ABLATION_DIR = os.path.join(BENCH_DIR, "gym_ablation")
 ABLATION_ARMS = ("defaults", "bootstrap", "init", "sgd", "separate", "bundle")
+# Continuous control, round two (issue 95; its rules in learning.md): Stage 1's arms, each a folder of ROUND2_DIR.
+ROUND2_DIR = os.path.join(BENCH_DIR, "gym_round2")
+ROUND2_ARMS = ("baseline", "quiet", "shuffle", "shuffle10", "scale")
+BASIN_BAR = 3000  # a HalfCheetah seed at or above it at 1M left the low basin (the rules' basin rate)
 TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "ablations/sf_doom_batch_512": "the batch-512 table, the README",
                  "ablations/sf_doom_batch_512_area_resize": "the README",
@@ -943,7 +947,8 @@ TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "repin_2026-12-05/before_a033fe0": "the re-pin table of 2026-12-05",
                  "repin_2026-12-05/after_e4725c7": "the re-pin table of 2026-12-05",
                  **{f"gym_ablation/{arm}": "the gym defaults' ablation table" for arm in ABLATION_ARMS},
-                 "gym_basin/defaults": "the HalfCheetah basin table"}
+                 "gym_basin/defaults": "the HalfCheetah basin table",
+                 **{f"gym_round2/{arm}": "the round-two table" for arm in ROUND2_ARMS}}
 CONTENTION_HEADER = ["| env | trainer | configuration | seeds | CPU elsewhere | kept in |",
                      "|---|---|---|---|---|---|"]
 
@@ -1108,6 +1113,9 @@ def parse_args(argv=None):
     parser.add_argument("--ablation", action="store_true",
                         help="run nothing: print docs/results/learning.md's table of the gym defaults' ablation "
                              "(docs/bench/gym_ablation/)")
+    parser.add_argument("--round2", action="store_true",
+                        help="run nothing: print learning.md's table of continuous control's round two "
+                             "(docs/bench/gym_round2/) and each arm's HalfCheetah basin rate so far")
     parser.add_argument("--basin", action="store_true",
                         help="run nothing: print learning.md's table of HalfCheetah's two basins "
                              "(docs/bench/gym_basin/defaults/, with the probe's readings in its probe.json)")
@@ -1165,20 +1173,33 @@ HELD_OUT_GYM = {"gym:InvertedDoublePendulum-v5": 1_000_000, "gym:Swimmer-v5": 1_
 ABLATION_HEADER = ["| env | arm | seeds | at 200k steps | at 1M steps | minutes |", "|---|---|---|---|---|---|"]
 
 
-def ablation_table(root: str = ABLATION_DIR) -> str:
-    """learning.md's ablation table: each env and arm's saved runs, median [min, max] of the score at
+def ablation_table(root: str = ABLATION_DIR, arms: tuple = ABLATION_ARMS) -> str:
+    """learning.md's table of an ablation's arms (the gym defaults' by default; round two's with
+    ROUND2_DIR and ROUND2_ARMS): each env and arm's saved runs, median [min, max] of the score at
     200k and at 1M steps (the bench's score_at), and the median minutes to 1M."""
     lines = list(ABLATION_HEADER)
-    envs = sorted({os.path.basename(path) for arm in ABLATION_ARMS for path in glob.glob(os.path.join(root, arm, "*"))
+    envs = sorted({os.path.basename(path) for arm in arms for path in glob.glob(os.path.join(root, arm, "*"))
                    if os.path.isdir(path)}, key=lambda name: ((STAGE_1 + STAGE_2).index(name) if name in STAGE_1 + STAGE_2 else 9, name))
     for env_name in envs:
-        for arm in ABLATION_ARMS:
+        for arm in arms:
             runs = saved_runs(os.path.join(root, arm), env_name, "appo")
             if runs:
                 lines.append(f"| {env_name} | {arm} | {', '.join(str(run['config']['seed']) for run in runs)} | "
                              f"{spread([score_at(run['curve'], 200_000) for run in runs])} | "
                              f"{spread([score_at(run['curve'], 1_000_000) for run in runs])} | "
                              f"{minutes([run['wall_s'] for run in runs])} |")
+    return "\n".join(lines)
+
+
+def basin_rates(root: str = ROUND2_DIR, arms: tuple = ROUND2_ARMS, env_name: str = "gym:HalfCheetah-v5") -> str:
+    """Round two's basin rate, arm by arm: how many of the seeds saved so far score at least
+    BASIN_BAR at 1M on HalfCheetah (a reading, not the rules' verdict: that needs seeds 1-10)."""
+    lines = []
+    for arm in arms:
+        scores = [score_at(run["curve"], 1_000_000) for run in saved_runs(os.path.join(root, arm), env_name, "appo")]
+        if scores:
+            lines.append(f"- {arm}: {sum(score >= BASIN_BAR for score in scores)} of {len(scores)} seeds at or above "
+                         f"{BASIN_BAR:,} at 1M")
     return "\n".join(lines)
 
 
@@ -1269,6 +1290,11 @@ def main(argv=None):
         if held_out_table():
             print()
             print(held_out_table())
+        return
+    if "--round2" in (sys.argv[1:] if argv is None else argv):
+        print(ablation_table(ROUND2_DIR, ROUND2_ARMS))
+        print()
+        print(basin_rates())
         return
     if "--basin" in (sys.argv[1:] if argv is None else argv):
         print(basin_table())

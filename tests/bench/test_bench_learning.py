@@ -828,23 +828,38 @@ def test_learning_mds_gym_pz_and_repin_tables_are_what_the_saved_runs_say():
     assert {("doom_basic", "e4725c7"), ("gym:Acrobot-v1", "894d4bf")} <= {(row[0], row[2]) for row in rows}
 
 
-def test_learning_mds_ablation_table_is_what_the_saved_runs_say():
-    """The gym defaults' ablation (issue 80): learning.md's table is `bench_learning.py --ablation`,
-    and each cell is recomputed here from the files: every arm folder's finished runs, the score at
-    the last summary at or before 200k and 1M steps, median [min, max], and the median minutes."""
-    table = bench.ablation_table()
+@pytest.mark.parametrize("section, folder, arms, followed_by, least", [
+    ("The gym vector defaults: an ablation, pre-registered (issue 80)", "gym_ablation",
+     ("defaults", "bootstrap", "init", "sgd", "separate", "bundle"), "The rules as read from these files", 12),
+    ("Continuous control, round two (issue 95)", "gym_round2", ("baseline", "quiet", "shuffle", "shuffle10", "scale"),
+     "Each arm's HalfCheetah basin rate so far", 3)])
+def test_learning_mds_ablation_tables_are_what_the_saved_runs_say(section, folder, arms, followed_by, least):
+    """The gym defaults' ablation (issue 80) and round two (issue 95): learning.md's tables are
+    `bench_learning.py --ablation` and `--round2`, and each cell is recomputed here from the files:
+    every arm folder's finished runs, the score at the last summary at or before 200k and 1M steps,
+    median [min, max], and the median minutes."""
+    assert tuple(bench.ROUND2_ARMS if folder == "gym_round2" else bench.ABLATION_ARMS) == arms
+    table = bench.ablation_table(os.path.join(BENCH, folder), arms)
     with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
         text = f.read()
-    assert f"{table}\n\nThe rules as read from these files" in text
-    held_out = bench.held_out_table()
-    assert f"R2's verdict is the last line of the list above:\n\n{held_out}\n\n" in text
-    header, rows = table_in("The gym vector defaults: an ablation, pre-registered (issue 80)", ("env", "arm", "seeds"))
+    assert f"{table}\n\n{followed_by}" in text
+    if folder == "gym_ablation":
+        held_out = bench.held_out_table()
+        assert f"R2's verdict is the last line of the list above:\n\n{held_out}\n\n" in text
+    else:  # the basin rates under it, counted here
+        for arm in arms:
+            scores = [score_at_budget(run["curve"], 1_000_000) for run in runs_in(os.path.join(folder, arm),
+                                                                                   "gym:HalfCheetah-v5", "appo")]
+            if scores:
+                assert (f"- {arm}: {sum(score >= 3000 for score in scores)} of {len(scores)} seeds at or above 3,000 "
+                        "at 1M") in text
+    header, rows = table_in(section, ("env", "arm", "seeds"))
     found = {(row[0], row[1]): dict(zip(header, row)) for row in rows}
     expected_keys = set()
-    for arm in bench.ABLATION_ARMS:
-        for env_dir in glob.glob(os.path.join(BENCH, "gym_ablation", arm, "*")):
+    for arm in arms:
+        for env_dir in glob.glob(os.path.join(BENCH, folder, arm, "*")):
             env_name = os.path.basename(env_dir)
-            runs = sorted(runs_in(os.path.join("gym_ablation", arm), env_name, "appo"),
+            runs = sorted(runs_in(os.path.join(folder, arm), env_name, "appo"),
                           key=lambda run: run["config"]["seed"])
             if not os.path.isdir(env_dir) or not runs:
                 continue
@@ -856,7 +871,7 @@ def test_learning_mds_ablation_table_is_what_the_saved_runs_say():
                 assert cells[column] == (f"{scores[0]:.2f}" if len(scores) == 1 else
                                          f"{np.median(scores):.2f} [{min(scores):.2f}, {max(scores):.2f}]")
             assert cells["minutes"] == f"{np.median([run['wall_s'] for run in runs]) / 60:.1f}"
-    assert set(found) == expected_keys and len(expected_keys) >= 12
+    assert set(found) == expected_keys and len(expected_keys) >= least
 
 
 # R2's held-out envs and budgets, copied from learning.md's pre-registered rule ("R2, held out"), not
