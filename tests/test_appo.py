@@ -20,8 +20,9 @@ from torch import nn
 
 import appo
 import appo_ipc
-from conftest import (RUN_TIMEOUT_S, check_bfloat16_encoder, cpu_seconds, gather_slots, outside_a_run,
-                      processes_still_tagged, processes_tagged)
+from conftest import (IMAGE_AND_VECTOR, RUN_TIMEOUT_S, TWO_HEADS, check_bfloat16_encoder, cpu_seconds, fake_batch,
+                      gather_slots, learner_with_weights, outside_a_run, processes_still_tagged, processes_tagged,
+                      random_obs, small_cfg)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -416,29 +417,6 @@ def test_batch_size_and_num_batches_per_epoch_mean_what_they_mean_in_sample_fact
 # ---------------------------------------------------------------------------------------------
 # Model
 
-def small_cfg(**overrides):
-    cfg = appo.parse_args(["--env", "doom_basic", "--hidden_size", "32", "--rollout", "6", "--batch_size", "24"])
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
-    return cfg
-
-
-IMAGE_AND_VECTOR = spaces.Dict({"obs": spaces.Box(0, 255, (3, 36, 64), np.uint8),
-                                "measurements": spaces.Box(-1, 1, (5,), np.float32)})
-TWO_HEADS = spaces.Tuple((spaces.Discrete(3), spaces.Discrete(4)))
-
-
-def random_obs(obs_space, leading_shape, seed=0):
-    generator = torch.Generator().manual_seed(seed)
-    obs = {}
-    for key, (shape, dtype) in appo.obs_shapes(obs_space).items():
-        if dtype == np.uint8:
-            obs[key] = torch.randint(0, 256, (*leading_shape, *shape), dtype=torch.uint8, generator=generator)
-        else:
-            obs[key] = torch.randn(*leading_shape, *shape, generator=generator)
-    return obs
-
-
 @pytest.mark.parametrize("rnn_type", ["gru", "lstm", "none"])
 def test_rnn_over_a_rollout_equals_stepping_it_with_episode_boundaries(rnn_type):
     torch.manual_seed(0)
@@ -778,24 +756,6 @@ def loss_of_batch(model, batch, policy_version, cfg):
     return appo.appo_loss(model, batch, policy_version, cfg)
 
 
-def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):
-    heads = appo.action_distribution(action_space).head_sizes
-    data = random_obs(obs_space, (steps + 1, batch))
-    data["rnn_state"] = torch.zeros(steps + 1, batch, appo.rnn_state_size(cfg))
-    data["actions"] = torch.stack([torch.randint(0, n, (steps + 1, batch)) for n in heads], dim=-1)
-    data["log_prob"] = torch.full((steps + 1, batch), -1.5)
-    data["value"] = torch.zeros(steps + 1, batch)
-    data["reward"] = torch.randn(steps + 1, batch)
-    data["done"] = (torch.rand(steps + 1, batch) < 0.1).float()
-    data["truncated"] = torch.zeros(steps + 1, batch)
-    data["policy_version"] = torch.full((steps + 1, batch), policy_version, dtype=torch.long)
-    data["valid"] = torch.ones(steps + 1, batch)
-    for name, (shape, dtype) in appo.acting_fields(appo.action_distribution(action_space)).items():
-        if name not in data:  # a field a forker added: zeros
-            data[name] = torch.zeros((steps + 1, batch, *shape), dtype=getattr(torch, dtype.name))
-    return data
-
-
 @pytest.mark.parametrize("with_vtrace", [True, False])
 def test_one_learner_step_changes_the_weights_and_every_parameter_gets_a_gradient(with_vtrace):
     torch.manual_seed(1)
@@ -876,12 +836,6 @@ def as_take_batch_hands_it_over(batch: dict[str, torch.Tensor], device: torch.de
     trajectories = batch["done"].shape[1]
     buffers = appo.BatchBuffers(slot_tensors, trajectories, device, dones_on_host=True)
     return buffers.fill(slot_tensors, torch.arange(trajectories))
-
-
-def learner_with_weights(cfg) -> appo.Learner:
-    run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
-    shared = outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS), run=run, hyperparams=appo.PolicyHyperparams(cfg, None))
-    return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
 
 
 @pytest.mark.parametrize("with_vtrace", [True, False])
