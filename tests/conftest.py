@@ -31,7 +31,7 @@ RUN_TAG = "APPO_TEST_RUN=" + os.environ.setdefault("APPO_TEST_RUN", uuid.uuid4()
 # its threads is descheduled: beside a doom_basic training, two at a time, the critic test's 120
 # small SGD steps ran over 20 minutes (13.5 s two at a time on an idle machine, at f5c9887). Only
 # this process: children start from the fork server or a fresh interpreter, with their own setting
-# (test_appo checks theirs).
+# (test_plumbing checks theirs).
 torch.set_num_threads(1)
 
 
