@@ -2,7 +2,7 @@
 
     python scripts/update_flag_docs.py
 
-Run it after adding or changing a flag; tests/test_appo.py checks that every flag is documented.
+Run it after adding or changing a flag; tests/test_config.py checks that every flag is documented.
 """
 import os
 import sys

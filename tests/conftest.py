@@ -10,8 +10,10 @@ import types
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 
 import appo
 import appo_ipc
@@ -29,7 +31,7 @@ RUN_TAG = "APPO_TEST_RUN=" + os.environ.setdefault("APPO_TEST_RUN", uuid.uuid4()
 # its threads is descheduled: beside a doom_basic training, two at a time, the critic test's 120
 # small SGD steps ran over 20 minutes (13.5 s two at a time on an idle machine, at f5c9887). Only
 # this process: children start from the fork server or a fresh interpreter, with their own setting
-# (test_appo checks theirs).
+# (test_plumbing checks theirs).
 torch.set_num_threads(1)
 
 
@@ -195,6 +197,64 @@ def gather_slots(slots: appo.RolloutSlots, slot_indices: list[int]) -> dict[str,
     copies (see appo.trajectory_major)."""
     index = torch.as_tensor(slot_indices, dtype=torch.long)
     return {name: tensor.index_select(0, index).transpose(0, 1) for name, tensor in slots.tensors.items()}
+
+
+# A small config, the spaces of a model with two inputs and two action heads, and its observations
+# and batches: the tests of appo.py's model, losses, learner and plumbing share them, and others do.
+
+def small_cfg(**overrides):
+    """doom_basic's flags with a small model (hidden size 32) and batch (24 steps, rollouts of 6),
+    and any flag values in `overrides` set on it as given (after parsing, so nothing checks them)."""
+    cfg = appo.parse_args(["--env", "doom_basic", "--hidden_size", "32", "--rollout", "6", "--batch_size", "24"])
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+IMAGE_AND_VECTOR = spaces.Dict({"obs": spaces.Box(0, 255, (3, 36, 64), np.uint8),
+                                "measurements": spaces.Box(-1, 1, (5,), np.float32)})
+TWO_HEADS = spaces.Tuple((spaces.Discrete(3), spaces.Discrete(4)))
+
+
+def random_obs(obs_space, leading_shape, seed=0):
+    """Observations of `obs_space` (key -> tensor of `leading_shape` + the key's shape): uniform bytes
+    for pixels, standard normal floats otherwise."""
+    generator = torch.Generator().manual_seed(seed)
+    obs = {}
+    for key, (shape, dtype) in appo.obs_shapes(obs_space).items():
+        if dtype == np.uint8:
+            obs[key] = torch.randint(0, 256, (*leading_shape, *shape), dtype=torch.uint8, generator=generator)
+        else:
+            obs[key] = torch.randn(*leading_shape, *shape, generator=generator)
+    return obs
+
+
+def fake_batch(obs_space, action_space, cfg, steps, batch, policy_version=0):
+    """A batch [steps+1, batch, ...] as the learner trains on: random observations, actions and
+    rewards, some episode ends, every step valid and acted by `policy_version`."""
+    heads = appo.action_distribution(action_space).head_sizes
+    data = random_obs(obs_space, (steps + 1, batch))
+    data["rnn_state"] = torch.zeros(steps + 1, batch, appo.rnn_state_size(cfg))
+    data["actions"] = torch.stack([torch.randint(0, n, (steps + 1, batch)) for n in heads], dim=-1)
+    data["log_prob"] = torch.full((steps + 1, batch), -1.5)
+    data["value"] = torch.zeros(steps + 1, batch)
+    data["reward"] = torch.randn(steps + 1, batch)
+    data["done"] = (torch.rand(steps + 1, batch) < 0.1).float()
+    data["truncated"] = torch.zeros(steps + 1, batch)
+    data["policy_version"] = torch.full((steps + 1, batch), policy_version, dtype=torch.long)
+    data["valid"] = torch.ones(steps + 1, batch)
+    for name, (shape, dtype) in appo.acting_fields(appo.action_distribution(action_space)).items():
+        if name not in data:  # a field a forker added: zeros
+            data[name] = torch.zeros((steps + 1, batch, *shape), dtype=getattr(torch, dtype.name))
+    return data
+
+
+def learner_with_weights(cfg) -> appo.Learner:
+    """A Learner of IMAGE_AND_VECTOR and TWO_HEADS built alone (outside_a_run), with the run
+    counters and hyperparameters that its train_step writes and reads."""
+    run = types.SimpleNamespace(learner_frames=np.zeros(1, np.int64), learner_version=np.zeros(1, np.int64))
+    shared = outside_a_run(cfg, (IMAGE_AND_VECTOR, TWO_HEADS), run=run, hyperparams=appo.PolicyHyperparams(cfg, None))
+    return appo.Learner(0, cfg, shared, (IMAGE_AND_VECTOR, TWO_HEADS))
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import appo
-from conftest import processes_tagged
+from conftest import fake_batch, processes_tagged
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
@@ -533,7 +533,6 @@ def learner_given_one_slow_batch(cfg, shared, spaces_pair, training):
     """A real Learner in its own loop (Learner.run: the stop flag, the batch in hand, the final
     checkpoint), whose batcher is replaced by one batch of seconds of SGD (many epochs); `training`
     is set when it starts on it."""
-    from test_appo import fake_batch
     appo.child_process_setup("learner", cfg.learner_threads)  # as learner_main
     learner = appo.Learner(0, cfg, shared, spaces_pair)
     batches = [fake_batch(*spaces_pair, cfg, cfg.rollout, appo.trajectories_per_batch(cfg))]

@@ -10,8 +10,7 @@ import torch
 from gymnasium import spaces
 
 import appo
-from conftest import outside_a_run
-from test_appo import fake_batch, small_cfg
+from conftest import fake_batch, outside_a_run, small_cfg
 
 VECTOR = spaces.Dict({"obs": spaces.Box(-1, 1, (5,), np.float32)})
 THREE = spaces.Discrete(3)
