@@ -8,7 +8,6 @@ import subprocess
 import sys
 import uuid
 
-import numpy as np
 import pytest
 import torch
 
