@@ -520,8 +520,10 @@ class ActorCritic(nn.Module):
     - update_normalizers(obs): the learner, once per batch; normalize_returns, returns_normalizer
       and values_to_returns: the losses, with --normalize_returns.
     - state_dict(): the layout of the published weights (SharedWeights) and of checkpoints;
-      MODEL_FLAGS lists the flags that fix it.
+      MODEL_FLAGS lists the flags that fix it. learner_only: names of submodules that only the
+      learner uses (an RND predictor, a world model): the policy workers never load them.
     """
+    learner_only: tuple[str, ...] = ()
 
     def __init__(self, obs_space: spaces.Space, action_space: spaces.Space, cfg):
         super().__init__()
@@ -3087,6 +3089,14 @@ def checkpoint_mismatch(model: nn.Module, state_dict: dict) -> str | None:
     return "; ".join(problems) or None
 
 
+def plain_value(value) -> bool:
+    """A flag's value a checkpoint keeps: a number, a string, a bool, None, or a list of them
+    (--encoder_mlp_layers, --obs_keys), so that evaluation plays with the model and env it trained."""
+    if isinstance(value, (list, tuple)):
+        return all(plain_value(item) and not isinstance(item, (list, tuple)) for item in value)
+    return isinstance(value, (int, float, str, bool, type(None)))
+
+
 MAX_NONFINITE_STEPS = 20  # consecutive skipped steps before the learner gives up
 
 
@@ -3474,7 +3484,7 @@ class Learner:
     def checkpoint_state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "policy_version": self.policy_version, "env_frames": self.env_frames,
-                "cfg": {k: v for k, v in vars(self.cfg).items() if isinstance(v, (int, float, str, bool, type(None)))}}
+                "cfg": {k: v for k, v in vars(self.cfg).items() if plain_value(v)}}
 
     def save(self):
         if self.cfg.rank != 0:  # under torchrun, rank 0 writes the checkpoints

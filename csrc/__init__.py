@@ -136,7 +136,7 @@ class SharedWeights:
     """
 
     def __init__(self, model: torch.nn.Module, device: torch.device | None = None):
-        self.num_params = sum(p.numel() for p in model.state_dict().values())
+        self.num_params = sum(p.numel() for p in acting_state(model))
         self.buffer = SharedBuffer(8 * 2 + (4 * self.num_params if device is None else 0))
         self.device_flat = None if device is None else torch.zeros(self.num_params, device=device)
         self._make_views()
@@ -155,7 +155,7 @@ class SharedWeights:
     def publish(self, model: torch.nn.Module, version: int):
         self.sequence[0] += 1
         offset = 0
-        for tensor in model.state_dict().values():
+        for tensor in acting_state(model):
             n = tensor.numel()
             self.flat[offset:offset + n].copy_(tensor.detach().reshape(-1))
             offset += n
@@ -170,7 +170,7 @@ class SharedWeights:
             return None
         version, offset = self.version, 0
         with torch.no_grad():
-            for tensor in model.state_dict().values():
+            for tensor in acting_state(model):
                 n = tensor.numel()
                 tensor.copy_(self.flat[offset:offset + n].view_as(tensor))
                 offset += n
@@ -190,6 +190,14 @@ class SharedWeights:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._make_views()
+
+
+def acting_state(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The tensors of the model's state that acting needs, in state_dict order: all but those of
+    the submodules it names in `learner_only` (an RND predictor, a world model: the learner's
+    alone), which policy workers then never load (checkpoints keep the whole state)."""
+    skipped = tuple(f"{name}." for name in getattr(model, "learner_only", ()))
+    return [tensor for key, tensor in model.state_dict().items() if not key.startswith(skipped)]
 
 
 def wait_for_copies(tensor: torch.Tensor):

@@ -102,16 +102,19 @@ def test_eval_deterministic_with_a_seed_plays_the_same_game_twice(tmp_path):
 @pytest.mark.parametrize("env_name, trained_with, played_with", [
     ("doom_basic", ["--doom_resize", "nearest"], {"doom_resize": "nearest"}),
     ("gym:CartPole-v1", ["--env_kwargs", '{"sutton_barto_reward": true}'], {"env_kwargs": '{"sutton_barto_reward": true}'}),
+    ("gym:small_image_env:SmallView-v0", ["--obs_keys", "image"], {"obs_keys": ["image"]}),  # a list: MiniGrid's
+    ("gym:CartPole-v1", ["--encoder_mlp_layers", "32"], {"encoder_mlp_layers": [32]}),  # a model flag's list
 ])
 def test_eval_plays_with_the_env_flags_the_checkpoint_was_trained_with(tmp_path, env_name, trained_with, played_with):
-    """A policy trained on nearest-pixel screens (or other env kwargs) is played on them, whatever
-    the eval command line says: its family's trained_flags come from the checkpoint."""
+    """A policy trained on nearest-pixel screens (or other env kwargs, the Dict keys it saw, the
+    widths of its MLP) is played on them, whatever the eval command line says: its family's
+    trained_flags and the model's flags come from the checkpoint, lists included."""
     save_untrained_policy(tmp_path, env_name, *trained_with)
     cfg = appo.parse_args(["--mode", "eval", "--env", env_name, "--train_dir", str(tmp_path), "--experiment", "played"])
     assert {flag: getattr(cfg, flag) for flag in played_with} != played_with  # the command line's defaults
     appo.load_policy_for_eval(cfg)
     assert {flag: getattr(cfg, flag) for flag in played_with} == played_with
-    if env_name == "gym:CartPole-v1":  # and the games played are the trained env's: Sutton and Barto's reward
+    if "env_kwargs" in played_with:  # and the games played are the trained env's: Sutton and Barto's reward
         # is 0 a step and -1 when the pole falls, where the default pays 1 a step (an untrained game lasts 8+)
         played = run_eval(tmp_path, "--env", env_name, "--max_num_episodes", "2")
         assert played.returncode == 0, played.stderr[-2000:]

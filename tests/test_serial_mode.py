@@ -170,6 +170,39 @@ def test_every_model_of_a_run_and_its_evaluation_is_made_by_make_model(tmp_path,
     assert len(made) == 1
 
 
+class WithPredictor(appo.ActorCritic):
+    """A fork's model with a part the learner alone uses (an RND predictor, say), named learner_only."""
+    learner_only = ("predictor",)
+
+    def __init__(self, obs_space, action_space, cfg):
+        super().__init__(obs_space, action_space, cfg)
+        self.predictor = torch.nn.Linear(4, 256)
+
+
+def test_a_models_learner_only_part_is_never_published_to_the_policy_workers():
+    """SharedWeights carries the acting part of the state alone: its size leaves out the predictor's
+    4 x 256 + 256 floats, a learner's publish reaches every acting tensor of a policy worker's model,
+    and that model's predictor keeps its own values."""
+    cfg = appo.parse_args(["--env", "gym:CartPole-v1"])
+    spaces_pair = appo.probe_env(cfg).spaces
+    torch.manual_seed(0)
+    learner, worker = WithPredictor(*spaces_pair, cfg), WithPredictor(*spaces_pair, cfg)
+    everything = sum(tensor.numel() for tensor in learner.state_dict().values())
+    weights = appo.SharedWeights(learner)
+    assert weights.num_params == everything - (4 * 256 + 256)
+    with torch.no_grad():
+        for tensor in learner.state_dict().values():
+            tensor.add_(1.0)  # a learner's step, everywhere
+    weights.publish(learner, version=3)
+    predictor_before = {key: tensor.clone() for key, tensor in worker.predictor.state_dict().items()}
+    assert weights.load_into(worker) == 3
+    for key, tensor in worker.state_dict().items():
+        if key.startswith("predictor."):
+            assert torch.equal(tensor, predictor_before[key.removeprefix("predictor.")]), key
+        else:
+            assert torch.equal(tensor, learner.state_dict()[key]), key
+
+
 def constrained_run(tmp_path, monkeypatch, experiment: str, cost_coeff: float) -> tuple[float, list]:
     """docs/fork.md's recipe, a per-step value from the env: the cost the env reports in its info is
     named in env_fields, and the targets run on reward - cost_coeff x cost. Returns the run's final
