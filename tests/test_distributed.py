@@ -25,7 +25,9 @@ def torchrun(tmp_path, tag: str, *flags: str, script: str = os.path.join(REPO, "
                "--log_dir", str(tmp_path / "torchrun_logs"),  # else torchrun leaves a torchelastic_* folder in /tmp
                script, *run, "--train_dir", str(tmp_path), "--experiment", "ddp", *flags]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "DISTRIBUTED_TEST_TAG": tag}, start_new_session=True)
+                            env={**os.environ, "DISTRIBUTED_TEST_TAG": tag,  # a launcher in tests/ imports this checkout's appo
+                                 "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])},
+                            start_new_session=True)
 
 
 @pytest.mark.slow
