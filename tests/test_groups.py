@@ -262,28 +262,3 @@ def test_random_play_scores_each_group_apart():
     assert of_group == [0, 0, 1] * games
     most = {0: pz_envs.GAME_STEPS, 1: pz_envs.LEAVES_AFTER}
     assert all(r == int(r) and 0 <= r <= most[g] for r, g in zip(returns, of_group)), list(zip(returns, of_group))
-
-
-GROUP_TABLES = {"simple_tag": "## Groups of agents: predators and prey",
-                "simple_adversary": "### A second mixed env: simple_adversary"}
-
-
-@pytest.mark.parametrize("folder, heading", GROUP_TABLES.items())
-def test_the_groups_tables_in_learning_md_are_their_files(folder, heading):
-    """learning.md's table of each groups bench, cell for cell from its result files (rows in the
-    bench's order of pairings), with the minutes and the code its text gives."""
-    results = [bench_groups.bench.load_result(path) for path in
-               sorted(glob.glob(os.path.join(REPO, "docs", "bench", "groups", folder, "appo_seed*.json")))]
-    assert len(results) == 3
-    with open(os.path.join(REPO, "docs", "results", "learning.md")) as f:
-        section = f.read().split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| ") and "[" in line]
-    assert len(rows) == len(results[0]["scores"])
-    for row, pairing in zip(rows, results[0]["scores"]):
-        cells = [cell.strip().strip("*").replace("** [", " [") for cell in row.strip("|").split("|")[1:]]
-        for group, cell in enumerate(cells):
-            values = sorted(result["scores"][pairing][group] for result in results)
-            assert cell == f"{np.median(values):.2f} [{values[0]:.2f}, {values[-1]:.2f}]", (pairing, group)
-    minutes = np.median([result["wall_s"] / 60 for result in results])
-    assert f"{minutes:.1f} minutes median" in " ".join(section.split())
-    assert f"Code {results[0]['config']['code']}" in " ".join(section.split())
