@@ -477,29 +477,6 @@ def register_encoder(name: str, build: Callable[[int], nn.Module], activation: t
 NONLINEARITIES = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
-def encoder_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """An observation as the encoder takes it, a copy of its own: images [N, C, H, W] in `dtype`
-    and channels-last memory (oneDNN's fast conv layout), converted bytes first, which saves a
-    float32 pass over the batch; vectors in float32."""
-    if x.dim() == 4:
-        return x.permute(0, 2, 3, 1).contiguous().to(dtype, copy=True).permute(0, 3, 1, 2)
-    return x.to(torch.float32, copy=True)
-
-
-def encoder_precision(model: "ActorCritic", cfg):
-    """ActorCritic's __init__: --encoder_dtype (the precision encode computes in, encoder_autocast)
-    and its conv weights in channels-last memory, oneDNN's fast layout on the CPU."""
-    model.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
-    model.to(memory_format=torch.channels_last)  # conv weights only
-
-
-def encoder_autocast(model: "ActorCritic", obs: dict[str, torch.Tensor]) -> torch.autocast:
-    """ActorCritic.encode's context: with --encoder_dtype bfloat16 the encoders and the FC run under
-    autocast; the weights, their gradients and all after encode stay float32 (no loss scaling)."""
-    device_type = next(iter(obs.values())).device.type
-    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=model.encoder_dtype == torch.bfloat16)
-
-
 class ActorCritic(nn.Module):
     """Encoder -> (GRU | LSTM | nothing) -> action head (Categoricals, DiagonalGaussian or
     MixedHeads) + value. Images (uint8, CHW) go through the --encoder conv net, vectors (Doom's game
@@ -1801,6 +1778,29 @@ def beating(run: "RunState", process_index: int, every_s: float = 1.0):
     finally:
         done.set()
         thread.join()
+
+
+def encoder_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An observation as the encoder takes it, a copy of its own: images [N, C, H, W] in `dtype`
+    and channels-last memory (oneDNN's fast conv layout), converted bytes first, which saves a
+    float32 pass over the batch; vectors in float32."""
+    if x.dim() == 4:
+        return x.permute(0, 2, 3, 1).contiguous().to(dtype, copy=True).permute(0, 3, 1, 2)
+    return x.to(torch.float32, copy=True)
+
+
+def encoder_precision(model: "ActorCritic", cfg):
+    """ActorCritic's __init__: --encoder_dtype (the precision encode computes in, encoder_autocast)
+    and its conv weights in channels-last memory, oneDNN's fast layout on the CPU."""
+    model.encoder_dtype = torch.bfloat16 if cfg.encoder_dtype == "bfloat16" else torch.float32
+    model.to(memory_format=torch.channels_last)  # conv weights only
+
+
+def encoder_autocast(model: "ActorCritic", obs: dict[str, torch.Tensor]) -> torch.autocast:
+    """ActorCritic.encode's context: with --encoder_dtype bfloat16 the encoders and the FC run under
+    autocast; the weights, their gradients and all after encode stay float32 (no loss scaling)."""
+    device_type = next(iter(obs.values())).device.type
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=model.encoder_dtype == torch.bfloat16)
 
 
 def encoder_in_compute_dtype(model: "ActorCritic") -> "ActorCritic":
