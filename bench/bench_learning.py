@@ -1284,30 +1284,23 @@ def equal_seconds_table(appo_root: str = GYM_DIR, sb3_root: str = SB3_DIR, long_
     return "\n".join(lines)
 
 
+# The flags that run nothing and print one of the docs' tables from the saved runs.
+REPORTS = {
+    "--ablation": lambda: "\n\n".join(filter(None, [ablation_table(), held_out_table()])),
+    "--round2": lambda: f"{ablation_table(ROUND2_DIR, ROUND2_ARMS)}\n\n{basin_rates()}",
+    "--basin": basin_table,
+    "--equal_seconds": equal_seconds_table,
+    "--headline": headline_table,
+    "--contention": contention_table,
+}
+
+
 def main(argv=None):
-    if "--ablation" in (sys.argv[1:] if argv is None else argv):
-        print(ablation_table())
-        if held_out_table():
-            print()
-            print(held_out_table())
-        return
-    if "--round2" in (sys.argv[1:] if argv is None else argv):
-        print(ablation_table(ROUND2_DIR, ROUND2_ARMS))
-        print()
-        print(basin_rates())
-        return
-    if "--basin" in (sys.argv[1:] if argv is None else argv):
-        print(basin_table())
-        return
-    if "--equal_seconds" in (sys.argv[1:] if argv is None else argv):
-        print(equal_seconds_table())
-        return
-    if "--headline" in (sys.argv[1:] if argv is None else argv):
-        print(headline_table())
-        return
-    if "--contention" in (sys.argv[1:] if argv is None else argv):
-        print(contention_table())
-        return
+    given = sys.argv[1:] if argv is None else argv
+    for flag, table in REPORTS.items():
+        if flag in given:
+            print(table())
+            return
     args = parse_args(argv)
     # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so the running trainer is stopped and cleaned up
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"bench_learning: stopped by signal {signum}"))
