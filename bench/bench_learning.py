@@ -931,7 +931,13 @@ ABLATION_DIR = os.path.join(BENCH_DIR, "gym_ablation")
 ABLATION_ARMS = ("defaults", "bootstrap", "init", "sgd", "separate", "bundle")
 # Continuous control, round two (issue 95; its rules in learning.md): Stage 1's arms, each a folder of ROUND2_DIR.
 ROUND2_DIR = os.path.join(BENCH_DIR, "gym_round2")
-ROUND2_ARMS = ("baseline", "quiet", "shuffle", "shuffle10", "scale")
+# Each arm's --appo_flags beside --encoder_dtype float32, as the rules give them (R1' prefers fewer).
+ROUND2_FLAGS = {"baseline": "", "quiet": "--policy_head_gain 0.01 --initial_stddev 0.6",
+                "shuffle": "--shuffle_minibatches",
+                "shuffle10": "--shuffle_minibatches --num_epochs 10 --learning_rate 0.0006",
+                "scale": "--scale_rewards --no-normalize_returns"}
+ROUND2_ARMS = tuple(ROUND2_FLAGS)
+ROUND2_SEEDS = {"gym:HalfCheetah-v5": 10, "gym:Walker2d-v5": 3, "gym:Hopper-v5": 3}  # Stage 1: seeds 1..N per env
 BASIN_BAR = 3000  # a HalfCheetah seed at or above it at 1M left the low basin (the rules' basin rate)
 TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "ablations/sf_doom_batch_512": "the batch-512 table, the README",
@@ -1203,6 +1209,52 @@ def basin_rates(root: str = ROUND2_DIR, arms: tuple = ROUND2_ARMS, env_name: str
     return "\n".join(lines)
 
 
+def round2_choice(root: str = ROUND2_DIR) -> str:
+    """R1' of round two's rules (learning.md, "Rules for a gym default"), applied to Stage 1's saved
+    runs, seeds 1..N of ROUND2_SEEDS only (later seeds are reported, not read). Written before
+    Stage 1 finished, so the rule is read from its text and not from the scores; until every run is
+    saved it says how many are missing and reads nothing."""
+    halfcheetah, others = "gym:HalfCheetah-v5", ("gym:Walker2d-v5", "gym:Hopper-v5")
+    scores, missing = {}, []
+    for arm in ROUND2_ARMS:
+        for env_name, count in ROUND2_SEEDS.items():
+            by_seed = {run["config"]["seed"]: score_at(run["curve"], 1_000_000)
+                       for run in saved_runs(os.path.join(root, arm), env_name, "appo")}
+            missing += [(arm, env_name, seed) for seed in range(1, count + 1) if by_seed.get(seed) is None]
+            scores[arm, env_name] = [by_seed.get(seed) for seed in range(1, count + 1)]
+    if missing:  # the first in the loop's order: seed by seed, then env, then arm
+        arm, env_name, seed = min(missing, key=lambda m: (m[2], list(ROUND2_SEEDS).index(m[1]), ROUND2_ARMS.index(m[0])))
+        return (f"R1' reads nothing yet: {len(missing)} of Stage 1's {len(ROUND2_ARMS) * sum(ROUND2_SEEDS.values())} "
+                f"runs are missing (the first: {env_name} seed {seed}, {arm}).")
+    base = scores["baseline", halfcheetah]
+    base_rate, base_median = sum(x >= BASIN_BAR for x in base), statistics.median(base)
+    lines, qualified = [], {}
+    for arm in ROUND2_ARMS[1:]:
+        mine = scores[arm, halfcheetah]
+        rate, median = sum(x >= BASIN_BAR for x in mine), statistics.median(mine)
+        failed = [f"basin rate {rate} of 10, below 8"] * (rate < 8)
+        failed += [f"basin rate {rate}, not above baseline's {base_rate}"] * (rate <= base_rate)
+        failed += [f"HalfCheetah median {median:,.0f}, not above baseline's {base_median:,.0f}"] * (median <= base_median)
+        for env_name in others:
+            theirs, ours = scores["baseline", env_name], scores[arm, env_name]
+            if max(ours) < min(theirs):
+                failed.append(f"{env_name}: all 3 seeds below all 3 of baseline's")
+            if statistics.median(theirs) - statistics.median(ours) > max(theirs) - min(theirs):
+                failed.append(f"{env_name}: median {statistics.median(ours):,.0f} below baseline's "
+                              f"{statistics.median(theirs):,.0f} by more than its spread")
+        if not failed:
+            qualified[arm] = median
+        lines.append(f"- {arm}: " + ("qualifies" if not failed else "does not qualify: " + "; ".join(failed)) +
+                     f" (HalfCheetah: {rate} of 10 at or above {BASIN_BAR:,}, median {median:,.0f})")
+    if not qualified:
+        return "\n".join(lines + ["", "R1': no arm qualifies, so no default changes."])
+    best = max(qualified.values())
+    near = [arm for arm in qualified if qualified[arm] >= 0.95 * best]  # within 5%: fewer changed flags wins
+    chosen = min(near, key=lambda arm: (ROUND2_FLAGS[arm].count("--"), -qualified[arm]))
+    return "\n".join(lines + ["", f"R1' chooses {chosen} (HalfCheetah median {qualified[chosen]:,.0f}; the highest "
+                                   f"qualifying {best:,.0f}), for seeds 4-5 and R2."])
+
+
 def held_out_table(root: str = ABLATION_DIR) -> str:
     """R2's table: each held-out env and arm's saved runs, median [min, max] at the env's budget,
     beside random play, and the median minutes; empty until a held-out run is saved."""
@@ -1287,7 +1339,7 @@ def equal_seconds_table(appo_root: str = GYM_DIR, sb3_root: str = SB3_DIR, long_
 # The flags that run nothing and print one of the docs' tables from the saved runs.
 REPORTS = {
     "--ablation": lambda: "\n\n".join(filter(None, [ablation_table(), held_out_table()])),
-    "--round2": lambda: f"{ablation_table(ROUND2_DIR, ROUND2_ARMS)}\n\n{basin_rates()}",
+    "--round2": lambda: f"{ablation_table(ROUND2_DIR, ROUND2_ARMS)}\n\n{basin_rates()}\n\n{round2_choice()}",
     "--basin": basin_table,
     "--equal_seconds": equal_seconds_table,
     "--headline": headline_table,

@@ -156,6 +156,51 @@ def test_an_ablations_table_names_the_flags_it_changed():
     assert "beyond its defaults" not in bench.format_table([plain])
 
 
+def test_round_twos_choice_follows_the_pre_registered_r1_prime(tmp_path):
+    """R1' as learning.md words it: at least 8 of 10 HalfCheetah seeds at or above 3,000 and more
+    than baseline's, a higher HalfCheetah median, and on Walker2d and Hopper neither all 3 seeds below
+    all 3 of baseline's nor a median below baseline's by more than baseline's spread; among those,
+    within 5% of the best median, the fewest changed flags. Only seeds 1-3 of Walker2d and Hopper count."""
+    def save(arm, env_name, seed, score):
+        path = tmp_path / arm / env_name / f"appo_seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(run("appo", seed, [[60.0, 500_000.0, 0.0], [120.0, 1_000_448.0, score]], 120.0)))
+
+    halfcheetah = {"baseline": [4000] * 5 + [1500] * 5,  # 5 of 10, median 2,750
+                   "quiet": [4000] * 9 + [1500],  # 9 of 10, median 4,000: qualifies
+                   "shuffle": [3900] * 8 + [1500] * 2,  # 8 of 10, median 3,900, within 5% of 4,000, one flag
+                   "shuffle10": [5000] * 10,  # the best median, but Walker2d below
+                   "scale": [4000] * 7 + [1500] * 3}  # 7 of 10
+    others = {"baseline": [3000, 3200, 3400], "quiet": [3000, 3200, 3400], "shuffle": [2900, 3000, 3100],
+              "shuffle10": [2000, 2100, 2200], "scale": [3000, 3200, 3400]}
+    for arm, scores in halfcheetah.items():
+        for seed, score in enumerate(scores, 1):
+            save(arm, "gym:HalfCheetah-v5", seed, score)
+        for env_name in ("gym:Walker2d-v5", "gym:Hopper-v5"):
+            theirs = [2700, 3050, 2600] if (arm, env_name) == ("scale", "gym:Hopper-v5") else others[arm]
+            for seed, score in enumerate(theirs, 1):
+                save(arm, env_name, seed, score)
+    save("baseline", "gym:Walker2d-v5", 4, 100)  # seed 4 is reported, not read: read, it would clear shuffle10
+
+    lines = bench.round2_choice(str(tmp_path)).splitlines()
+    assert lines[0] == "- quiet: qualifies (HalfCheetah: 9 of 10 at or above 3,000, median 4,000)"
+    assert lines[1] == "- shuffle: qualifies (HalfCheetah: 8 of 10 at or above 3,000, median 3,900)"
+    assert lines[2] == ("- shuffle10: does not qualify: gym:Walker2d-v5: all 3 seeds below all 3 of baseline's; "
+                        "gym:Walker2d-v5: median 2,100 below baseline's 3,200 by more than its spread; "
+                        "gym:Hopper-v5: all 3 seeds below all 3 of baseline's; "
+                        "gym:Hopper-v5: median 2,100 below baseline's 3,200 by more than its spread "
+                        "(HalfCheetah: 10 of 10 at or above 3,000, median 5,000)")
+    assert lines[3] == ("- scale: does not qualify: basin rate 7 of 10, below 8; "
+                        "gym:Hopper-v5: median 2,700 below baseline's 3,200 by more than its spread "
+                        "(HalfCheetah: 7 of 10 at or above 3,000, median 4,000)")
+    assert lines[-1] == "R1' chooses shuffle (HalfCheetah median 3,900; the highest qualifying 4,000), for seeds 4-5 and R2."
+
+    (tmp_path / "quiet" / "gym:Hopper-v5" / "appo_seed2.json").unlink()
+    (tmp_path / "scale" / "gym:HalfCheetah-v5" / "appo_seed9.json").unlink()
+    assert bench.round2_choice(str(tmp_path)) == ("R1' reads nothing yet: 2 of Stage 1's 80 runs are missing "
+                                                  "(the first: gym:Hopper-v5 seed 2, quiet).")
+
+
 def test_any_change_to_the_trainer_or_the_flags_changes_the_saved_configurations_key(monkeypatch):
     args = bench.parse_args(["--envs", "doom_basic", "--trainers", "appo"])
     key = bench.config_key(bench.run_config(args, "appo", "doom_basic", 1))
