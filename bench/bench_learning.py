@@ -938,6 +938,12 @@ ROUND2_FLAGS = {"baseline": "", "quiet": "--policy_head_gain 0.01 --initial_stdd
                 "scale": "--scale_rewards --no-normalize_returns"}
 ROUND2_ARMS = tuple(ROUND2_FLAGS)
 ROUND2_SEEDS = {"gym:HalfCheetah-v5": 10, "gym:Walker2d-v5": 3, "gym:Hopper-v5": 3}  # Stage 1: seeds 1..N per env
+# R2's held-out envs for round two and their budgets (runs in ROUND2_DIR/held_out/ARM/ENV); the last
+# two are the discrete guards, on which a Box-only arm runs as baseline and so is not compared.
+ROUND2_HELD_OUT = {"gym:InvertedDoublePendulum-v5": 1_000_000, "gym:Swimmer-v5": 1_000_000, "gym:Reacher-v5": 1_000_000,
+                   "gym:Ant-v5": 1_000_000, "gym:LunarLanderContinuous-v3": 1_000_000,
+                   "gym:CartPole-v1": 500_000, "gym:Acrobot-v1": 500_000}
+BOX_ONLY_ARMS = ("quiet",)
 BASIN_BAR = 3000  # a HalfCheetah seed at or above it at 1M left the low basin (the rules' basin rate)
 TABLE_FOLDERS = {"learning": "the Doom suite and Atari tables, the README",
                  "ablations/sf_doom_batch_512": "the batch-512 table, the README",
@@ -1209,11 +1215,11 @@ def basin_rates(root: str = ROUND2_DIR, arms: tuple = ROUND2_ARMS, env_name: str
     return "\n".join(lines)
 
 
-def round2_choice(root: str = ROUND2_DIR) -> str:
+def round2_choice(root: str = ROUND2_DIR) -> tuple[str, str | None]:
     """R1' of round two's rules (learning.md, "Rules for a gym default"), applied to Stage 1's saved
     runs, seeds 1..N of ROUND2_SEEDS only (later seeds are reported, not read). Written before
     Stage 1 finished, so the rule is read from its text and not from the scores; until every run is
-    saved it says how many are missing and reads nothing."""
+    saved it says how many are missing and reads nothing. Returns the reading and the chosen arm."""
     halfcheetah, others = "gym:HalfCheetah-v5", ("gym:Walker2d-v5", "gym:Hopper-v5")
     scores, missing = {}, []
     for arm in ROUND2_ARMS:
@@ -1225,7 +1231,7 @@ def round2_choice(root: str = ROUND2_DIR) -> str:
     if missing:  # the first in the loop's order: seed by seed, then env, then arm
         arm, env_name, seed = min(missing, key=lambda m: (m[2], list(ROUND2_SEEDS).index(m[1]), ROUND2_ARMS.index(m[0])))
         return (f"R1' reads nothing yet: {len(missing)} of Stage 1's {len(ROUND2_ARMS) * sum(ROUND2_SEEDS.values())} "
-                f"runs are missing (the first: {env_name} seed {seed}, {arm}).")
+                f"runs are missing (the first: {env_name} seed {seed}, {arm}).", None)
     base = scores["baseline", halfcheetah]
     base_rate, base_median = sum(x >= BASIN_BAR for x in base), statistics.median(base)
     lines, qualified = [], {}
@@ -1247,12 +1253,46 @@ def round2_choice(root: str = ROUND2_DIR) -> str:
         lines.append(f"- {arm}: " + ("qualifies" if not failed else "does not qualify: " + "; ".join(failed)) +
                      f" (HalfCheetah: {rate} of 10 at or above {BASIN_BAR:,}, median {median:,.0f})")
     if not qualified:
-        return "\n".join(lines + ["", "R1': no arm qualifies, so no default changes."])
+        return "\n".join(lines + ["", "R1': no arm qualifies, so no default changes."]), None
     best = max(qualified.values())
     near = [arm for arm in qualified if qualified[arm] >= 0.95 * best]  # within 5%: fewer changed flags wins
     chosen = min(near, key=lambda arm: (ROUND2_FLAGS[arm].count("--"), -qualified[arm]))
     return "\n".join(lines + ["", f"R1' chooses {chosen} (HalfCheetah median {qualified[chosen]:,.0f}; the highest "
-                                   f"qualifying {best:,.0f}), for seeds 4-5 and R2."])
+                                   f"qualifying {best:,.0f}), for seeds 4-5 and R2."]), chosen
+
+
+def round2_held_out(chosen: str, root: str = ROUND2_DIR, random_play: dict | None = None, seeds: int = 3) -> str:
+    """R2 of round two's rules for the arm R1' chose, against baseline, seeds 1..3 at each env's
+    budget: the default changes only if on no env all of the arm's seeds end below all of
+    baseline's, and the mean over the envs of (arm - baseline) / |baseline - random play| (medians)
+    is at least 0. Written before any held-out run; reads nothing until every run is saved."""
+    envs = [name for name in ROUND2_HELD_OUT if not (chosen in BOX_ONLY_ARMS and name in ("gym:CartPole-v1", "gym:Acrobot-v1"))]
+    scores = {}
+    for arm in ("baseline", chosen):
+        for env_name in envs:
+            by_seed = {run["config"]["seed"]: score_at(run["curve"], ROUND2_HELD_OUT[env_name])
+                       for run in saved_runs(os.path.join(root, "held_out", arm), env_name, "appo")}
+            scores[arm, env_name] = [by_seed.get(seed) for seed in range(1, seeds + 1)]
+    missing = sum(score is None for arm_scores in scores.values() for score in arm_scores)
+    if missing:
+        return f"R2 reads nothing yet: {missing} of its {len(scores) * seeds} runs are missing."
+    random_play = random_play or {name: load_result(os.path.join(BENCH_DIR, "gym", "random", f"{name}.json"))["mean_return"]
+                                  for name in envs}
+    below = [name for name in envs if max(scores[chosen, name]) < min(scores["baseline", name])]
+    gain = statistics.mean((statistics.median(scores[chosen, name]) - statistics.median(scores["baseline", name]))
+                           / abs(statistics.median(scores["baseline", name]) - random_play[name]) for name in envs)
+    holds = not below and gain >= 0
+    return (f"R2 {'holds' if holds else 'fails'} for {chosen} on {len(envs)} envs: mean (arm - baseline) / "
+            f"|baseline - random| {gain:+.3f}; every seed below baseline's on {', '.join(below) or 'no env'}"
+            + (f": {chosen} becomes the gym default{' for Box actions' if chosen in BOX_ONLY_ARMS else ''}." if holds
+               else ": no gym default changes."))
+
+
+def round2_report() -> str:
+    """What --round2 prints: the table, the basin rates, R1', and R2 once R1' has chosen an arm."""
+    choice, chosen = round2_choice()
+    parts = [ablation_table(ROUND2_DIR, ROUND2_ARMS), basin_rates(), choice]
+    return "\n\n".join(parts + [round2_held_out(chosen)] if chosen else parts)
 
 
 def held_out_table(root: str = ABLATION_DIR) -> str:
@@ -1339,7 +1379,7 @@ def equal_seconds_table(appo_root: str = GYM_DIR, sb3_root: str = SB3_DIR, long_
 # The flags that run nothing and print one of the docs' tables from the saved runs.
 REPORTS = {
     "--ablation": lambda: "\n\n".join(filter(None, [ablation_table(), held_out_table()])),
-    "--round2": lambda: f"{ablation_table(ROUND2_DIR, ROUND2_ARMS)}\n\n{basin_rates()}\n\n{round2_choice()}",
+    "--round2": round2_report,
     "--basin": basin_table,
     "--equal_seconds": equal_seconds_table,
     "--headline": headline_table,

@@ -182,7 +182,9 @@ def test_round_twos_choice_follows_the_pre_registered_r1_prime(tmp_path):
                 save(arm, env_name, seed, score)
     save("baseline", "gym:Walker2d-v5", 4, 100)  # seed 4 is reported, not read: read, it would clear shuffle10
 
-    lines = bench.round2_choice(str(tmp_path)).splitlines()
+    reading, chosen = bench.round2_choice(str(tmp_path))
+    lines = reading.splitlines()
+    assert chosen == "shuffle"
     assert lines[0] == "- quiet: qualifies (HalfCheetah: 9 of 10 at or above 3,000, median 4,000)"
     assert lines[1] == "- shuffle: qualifies (HalfCheetah: 8 of 10 at or above 3,000, median 3,900)"
     assert lines[2] == ("- shuffle10: does not qualify: gym:Walker2d-v5: all 3 seeds below all 3 of baseline's; "
@@ -198,7 +200,39 @@ def test_round_twos_choice_follows_the_pre_registered_r1_prime(tmp_path):
     (tmp_path / "quiet" / "gym:Hopper-v5" / "appo_seed2.json").unlink()
     (tmp_path / "scale" / "gym:HalfCheetah-v5" / "appo_seed9.json").unlink()
     assert bench.round2_choice(str(tmp_path)) == ("R1' reads nothing yet: 2 of Stage 1's 80 runs are missing "
-                                                  "(the first: gym:Hopper-v5 seed 2, quiet).")
+                                                  "(the first: gym:Hopper-v5 seed 2, quiet).", None)
+
+
+def test_round_twos_held_out_rule_needs_no_env_all_below_and_a_mean_gain_of_at_least_zero(tmp_path):
+    """R2 as learning.md words it for round two, on made-up runs: a Box-only arm is not compared on
+    the discrete guards (they run it as baseline); the gain is the mean of (arm - baseline) /
+    |baseline - random| over the envs compared, worked out here by hand."""
+    def save(arm, env_name, seed, score, budget):
+        path = tmp_path / "held_out" / arm / env_name / f"appo_seed{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(run("appo", seed, [[60.0, budget, score]], 60.0)))
+
+    box = ["gym:InvertedDoublePendulum-v5", "gym:Swimmer-v5", "gym:Reacher-v5", "gym:Ant-v5", "gym:LunarLanderContinuous-v3"]
+    random_play = dict.fromkeys(box + ["gym:CartPole-v1", "gym:Acrobot-v1"], 0.0)
+    for env_name in box:
+        for seed in (1, 2, 3):
+            save("baseline", env_name, seed, 100.0, 1_000_000)
+            save("quiet", env_name, seed, 110.0 if env_name == "gym:Swimmer-v5" else 100.0, 1_000_000)
+            save("shuffle", env_name, seed, 100.0, 1_000_000)
+    for env_name in ("gym:CartPole-v1", "gym:Acrobot-v1"):
+        for seed in (1, 2, 3):
+            save("baseline", env_name, seed, 500.0, 500_000)
+    # quiet: +10% on Swimmer alone, so the gain is 0.1 / 5 = +0.020 over the five Box envs
+    assert bench.round2_held_out("quiet", str(tmp_path), random_play) == (
+        "R2 holds for quiet on 5 envs: mean (arm - baseline) / |baseline - random| +0.020; every seed below "
+        "baseline's on no env: quiet becomes the gym default for Box actions.")
+    assert bench.round2_held_out("shuffle", str(tmp_path), random_play) == "R2 reads nothing yet: 6 of its 42 runs are missing."
+    for seed, score in zip((1, 2, 3), (490.0, 495.0, 499.0)):  # CartPole: every seed below baseline's
+        save("shuffle", "gym:CartPole-v1", seed, score, 500_000)
+        save("shuffle", "gym:Acrobot-v1", seed, 500.0 + 35.0 * seed, 500_000)  # median 570: +0.14, the gain above 0
+    assert bench.round2_held_out("shuffle", str(tmp_path), random_play) == (
+        "R2 fails for shuffle on 7 envs: mean (arm - baseline) / |baseline - random| +0.019; every seed below "
+        "baseline's on gym:CartPole-v1: no gym default changes.")
 
 
 def test_any_change_to_the_trainer_or_the_flags_changes_the_saved_configurations_key(monkeypatch):

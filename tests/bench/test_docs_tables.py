@@ -390,7 +390,7 @@ def test_learning_mds_ablation_tables_are_what_the_saved_runs_say(section, folde
             if scores:
                 assert (f"- {arm}: {sum(score >= 3000 for score in scores)} of {len(scores)} seeds at or above 3,000 "
                         "at 1M") in text
-        assert f"\n\n{bench.round2_choice(os.path.join(BENCH, folder))}\n" in text  # R1', or what it waits for
+        assert f"\n\n{bench.round2_choice(os.path.join(BENCH, folder))[0]}\n" in text  # R1', or what it waits for
     header, rows = table_in(section, ("env", "arm", "seeds"))
     found = {(row[0], row[1]): dict(zip(header, row)) for row in rows}
     expected_keys = set()
