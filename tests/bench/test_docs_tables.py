@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import re
+import statistics
 import sys
 from fractions import Fraction
 
@@ -564,6 +565,34 @@ def test_learning_mds_basin_table_is_what_the_saved_runs_and_the_probe_say():
                                report["deterministic"], seed=1)
     for key in ("mean_return", "upside_down", "mean_cos_pitch", "forward_speed", "clipped_share", "max_abs_pitch_deg"):
         assert again[key] == pytest.approx(report[key], rel=1e-6), key
+
+
+def test_throughput_mds_table_at_head_is_what_its_result_files_say():
+    """docs/results/throughput.md's like-for-like table of 2026-12-07: each row's medians, runs in the
+    order run and ratio from the result file of its env, and both files of one commit, float32 on
+    both sides, on a CPU without bfloat16 (why the page has no bfloat16 column for it)."""
+    with open(os.path.join(REPO, "docs", "results", "throughput.md")) as f:
+        page = f.read()
+    folder = os.path.join(REPO, "docs", "bench", "throughput", "head_2026-12-07")
+    commits = set()
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            saved = json.load(f)
+        result, provenance = saved["results"][0], saved["provenance"]
+        commits.add(provenance["commit"][:7])
+        assert name == f"{result['env']}_{provenance['commit'][:7]}.json" and provenance["uncommitted"] == []
+        assert result["precision"]["ours_fp32"] == "float32 encoder" and result["precision"]["sf"] == "float32"
+        assert provenance["cpu_bfloat16"] is False
+        legs = [result["runs"][key] for key in ("ours_fp32", "sf")]
+        cells = [f"{statistics.median(run['fps'] for run in runs):,.0f} ("
+                 + ", ".join(f"{run['fps']:,.0f}" for run in runs) + ")" for runs in legs]
+        ratio = statistics.median(run["fps"] for run in legs[0]) / statistics.median(run["fps"] for run in legs[1])
+        row = next(line for line in page.splitlines() if line.startswith(f"| {result['env']} |") and "/ SF" not in line
+                   and line.endswith(f"| {cells[0]} | {cells[1]} | **{ratio:.2f}** |"))
+        assert row.count("|") == 6, row
+    assert commits == {"9a23702"} and "**At 9a23702 (2026-12-07), like for like.**" in page
 
 
 def test_throughput_mds_compile_table_is_what_its_result_file_says():
