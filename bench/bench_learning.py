@@ -1215,6 +1215,12 @@ def basin_rates(root: str = ROUND2_DIR, arms: tuple = ROUND2_ARMS, env_name: str
     return "\n".join(lines)
 
 
+def seed_scores(folder: str, env_name: str, budget: int, seeds: int) -> list:
+    """appo.py's score at the budget for seeds 1..seeds, None where no finished run is saved."""
+    by_seed = {run["config"]["seed"]: score_at(run["curve"], budget) for run in saved_runs(folder, env_name, "appo")}
+    return [by_seed.get(seed) for seed in range(1, seeds + 1)]
+
+
 def round2_choice(root: str = ROUND2_DIR) -> tuple[str, str | None]:
     """R1' of round two's rules (learning.md, "Rules for a gym default"), applied to Stage 1's saved
     runs, seeds 1..N of ROUND2_SEEDS only (later seeds are reported, not read). Written before
@@ -1224,10 +1230,8 @@ def round2_choice(root: str = ROUND2_DIR) -> tuple[str, str | None]:
     scores, missing = {}, []
     for arm in ROUND2_ARMS:
         for env_name, count in ROUND2_SEEDS.items():
-            by_seed = {run["config"]["seed"]: score_at(run["curve"], 1_000_000)
-                       for run in saved_runs(os.path.join(root, arm), env_name, "appo")}
-            missing += [(arm, env_name, seed) for seed in range(1, count + 1) if by_seed.get(seed) is None]
-            scores[arm, env_name] = [by_seed.get(seed) for seed in range(1, count + 1)]
+            scores[arm, env_name] = seed_scores(os.path.join(root, arm), env_name, 1_000_000, count)
+            missing += [(arm, env_name, seed) for seed, score in enumerate(scores[arm, env_name], 1) if score is None]
     if missing:  # the first in the loop's order: seed by seed, then env, then arm
         arm, env_name, seed = min(missing, key=lambda m: (m[2], list(ROUND2_SEEDS).index(m[1]), ROUND2_ARMS.index(m[0])))
         return (f"R1' reads nothing yet: {len(missing)} of Stage 1's {len(ROUND2_ARMS) * sum(ROUND2_SEEDS.values())} "
@@ -1270,9 +1274,8 @@ def round2_held_out(chosen: str, root: str = ROUND2_DIR, random_play: dict | Non
     scores = {}
     for arm in ("baseline", chosen):
         for env_name in envs:
-            by_seed = {run["config"]["seed"]: score_at(run["curve"], ROUND2_HELD_OUT[env_name])
-                       for run in saved_runs(os.path.join(root, "held_out", arm), env_name, "appo")}
-            scores[arm, env_name] = [by_seed.get(seed) for seed in range(1, seeds + 1)]
+            scores[arm, env_name] = seed_scores(os.path.join(root, "held_out", arm), env_name,
+                                                ROUND2_HELD_OUT[env_name], seeds)
     missing = sum(score is None for arm_scores in scores.values() for score in arm_scores)
     if missing:
         return f"R2 reads nothing yet: {missing} of its {len(scores) * seeds} runs are missing."
